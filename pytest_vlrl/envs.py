@@ -1,0 +1,1 @@
+"""Env conformance fixtures and helpers (filled in by the envs work)."""

@@ -1,0 +1,1 @@
+"""vlrl.render"""
