@@ -1,0 +1,30 @@
+"""Load a checkpoint directory: one of ours, or a real downloaded Qwen-VL one, unchanged."""
+
+from __future__ import annotations
+
+import os
+
+# vLLM normalises and resizes with torchvision; transformers' PIL backend resizes differently
+# (up to ~7e-4 in logprobs on resized images), so vlrl always uses the torchvision backend.
+IMAGE_PROCESSOR_BACKEND = "Qwen2VLImageProcessor"
+
+
+def load_processor(path: str | os.PathLike):
+    """``AutoProcessor`` for ``path``, checked to use the torchvision image-processor backend."""
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(str(path))
+    name = type(processor.image_processor).__name__
+    if name != IMAGE_PROCESSOR_BACKEND:
+        raise RuntimeError(f"{path}: image processor is {name}, expected the torchvision backend "
+                           f"{IMAGE_PROCESSOR_BACKEND} (vLLM's); install torchvision")
+    return processor
+
+
+def load_model(path: str | os.PathLike, dtype=None, device: str = "cpu"):
+    """``AutoModelForImageTextToText`` for ``path`` in eval mode (fp32 unless ``dtype``)."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype or torch.float32)
+    return model.to(device).eval()
