@@ -1,0 +1,132 @@
+"""The text side of maze2d: action parsers (tuple and keyword modes), prompts, and the factory.
+
+Tuple mode follows VisGym: the policy writes ``('move', d)`` or ``('stop', 'stop')``; the last
+parenthesised group in its text (at most 64 characters) goes through ``ast.literal_eval``, never
+``eval``. Keyword mode (the default) follows SkyRL's instruct env: ``<action>left</action>``, last
+match wins. The feedback strings are the reference's, word for word; one quirk fixed: the stop
+payload must be exactly ``'stop'`` (the reference accepted any short alphanumeric string).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from vlrl.envs.contract import EnvError
+from vlrl.envs.maze2d import ACTION_NAMES, STOP, Maze2DEnv
+from vlrl.envs.text_env import GymTextEnv, ParsedAction
+
+LEVELS = {"easy": {"size": 9, "max_turns": 20}, "hard": {"size": 11, "max_turns": 30}}
+KEYWORDS = {name: action for action, name in ACTION_NAMES.items()}  # right/up/left/down/stop -> id
+
+FORMAT_INVALID = ("The action format is invalid. The action should be a tuple of two elements with the first "
+                  "element being the action name and the second element being the action payload.")
+KEYWORD_INVALID = ("Action parsing failed. Could not find a valid action in your response.\nPlease end your "
+                   "response with <action>ACTION</action> where ACTION is one of: down, left, right, stop, up")
+
+_TUPLE_QUOTED = re.compile(r"\(\s*['\"][^()]{0,60}\)")
+_TUPLE_ANY = re.compile(r"\([^()]{0,62}\)")
+_FENCE = re.compile(r"```[a-zA-Z]*")
+_KEYWORD = re.compile(r"<action>\s*(\w{1,16})\s*</action>", re.IGNORECASE)
+
+
+def _tuple_candidate(text: str) -> str:
+    """The substring to literal_eval: last quoted-name group, else last short group, else the text head."""
+    text = _FENCE.sub(" ", text)
+    for pattern in (_TUPLE_QUOTED, _TUPLE_ANY):
+        matches = pattern.findall(text)
+        if matches:
+            return matches[-1]
+    return text.strip()[:128]  # bounded: literal_eval never sees more than this
+
+
+def parse_tuple_action(text: str) -> ParsedAction:
+    """VisGym tuple mode: ``('move', 0..3)`` or ``('stop', 'stop')``, with the reference feedback."""
+    action = _tuple_candidate(text)
+    try:
+        value = ast.literal_eval(action)
+    except Exception as exc:  # SyntaxError, ValueError, MemoryError, RecursionError: all mean "unparseable"
+        return ParsedAction(None, feedback=f"Cannot parse action string {action!r}: {exc} so the action is invalid.")
+    if not isinstance(value, tuple) or len(value) != 2:
+        return ParsedAction(None, feedback=FORMAT_INVALID)
+    branch, payload = value
+    if branch == "move":
+        if isinstance(payload, int) and not isinstance(payload, bool) and 0 <= payload <= 3:
+            return ParsedAction(payload, ACTION_NAMES[payload])
+    elif branch == "stop":
+        if payload == "stop":
+            return ParsedAction(STOP, "stop")
+    else:
+        return ParsedAction(None, feedback=f"The action name '{branch}' is not recognized in the available "
+                                           "action space.")
+    return ParsedAction(None, feedback=f"The action {payload} is not in the valid action space of {branch} "
+                                       "so nothing is executed.")
+
+
+def parse_keyword_action(text: str) -> ParsedAction:
+    """Keyword mode: the last ``<action>KEYWORD</action>`` (case-insensitive) with a maze keyword."""
+    matches = _KEYWORD.findall(text)
+    if matches:
+        word = matches[-1].lower()
+        if word in KEYWORDS:
+            return ParsedAction(KEYWORDS[word], word)
+    return ParsedAction(None, feedback=KEYWORD_INVALID)
+
+
+_INTRO = ("You are navigating a {h}x{w} maze. The maze consists of walls (gray) and paths (white). You are "
+          "represented by a blue circle, and your goal is to reach the red target square.\n\n")
+
+_TUPLE_BODY = """Available actions:
+1. 'move': Move in one of four directions. Format: `('move', direction)` where direction is an integer:
+   - 0=right, 1=up, 2=left, 3=down
+2. 'stop': End the navigation session. Format: `('stop', 'stop')`
+
+Success: You succeed if you reach the red target square.
+
+Please respond with exactly one action and its arguments in the specified format. For example:
+- To move right: `('move', 0)`
+- To move up: `('move', 1)`
+- To move left: `('move', 2)`
+- To move down: `('move', 3)`
+- To stop: `('stop', 'stop')`"""
+
+_KEYWORD_BODY = """Available actions:
+- up, down, left, right: move one square in that direction (walls block you).
+- stop: end the navigation session.
+
+Success: You succeed if you stop on the red target square.
+
+End your response with your chosen action in this exact format: <action>ACTION</action> where ACTION is one of: \
+left, right, up, down, stop."""
+
+
+def maze_prompt(height: int, width: int, mode: str) -> str:
+    """The task prompt: VisGym's text in tuple mode; our own, non-contradicting one in keyword mode."""
+    body = _TUPLE_BODY if mode == "tuple" else _KEYWORD_BODY
+    return _INTRO.format(h=height, w=width) + body
+
+
+def action_text(action: int, mode: str) -> str:
+    """The model text that performs ``action`` in ``mode`` (used for expert demos and tests)."""
+    if mode == "tuple":
+        return "('stop', 'stop')" if action == STOP else f"('move', {action})"
+    return f"<action>{ACTION_NAMES[action]}</action>"
+
+
+def make_maze2d(level: str, extras: Mapping[str, Any], seed: int | None) -> GymTextEnv:
+    """``maze2d/<level>``. extras: ``action_mode`` ("keyword" | "tuple"), ``max_turns`` (default per level)."""
+    if level not in LEVELS:
+        raise EnvError(f"unknown maze2d level {level!r}; expected one of {sorted(LEVELS)}")
+    mode = str(extras.get("action_mode", "keyword"))
+    if mode not in ("keyword", "tuple"):
+        raise EnvError(f"maze2d action_mode must be 'keyword' or 'tuple', got {mode!r}")
+    size = LEVELS[level]["size"]
+    max_turns = int(extras.get("max_turns", LEVELS[level]["max_turns"]))
+    parser = parse_tuple_action if mode == "tuple" else parse_keyword_action
+    # The class directly rather than gymnasium.make: no passive-checker overhead per step; the same
+    # class is registered with gymnasium (vlrl/Maze2D-v0) for anyone who wants it from there.
+    return GymTextEnv(Maze2DEnv(maze_width=size, maze_height=size), parser=parser,
+                      prompt=maze_prompt(size, size, mode), max_turns=max_turns, seed=seed,
+                      env_class=f"maze2d/{level}", example_actions=[action_text(a, mode) for a in ACTION_NAMES])
