@@ -7,7 +7,9 @@ a recipe fails when the config is built, not halfway through a run.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
 from dataclasses import dataclass
 
 from vlrl.algos.aggregation import AGGREGATIONS
@@ -27,7 +29,7 @@ class AlgoConfig:
     adv_norm_std: bool = True
     """grpo only: divide by the group's (unbiased) reward std; False gives Dr. GRPO's mean-only baseline."""
     adv_eps: float = 1e-6
-    """Added to the std before dividing (grpo, reinforce_pp)."""
+    """Added to the std before dividing (grpo, reinforce_pp); > 0, so a zero-variance group gives 0."""
     gamma: float = 1.0
     """reinforce_pp only: per-response-token discount of the return-to-go (1.0 = undiscounted)."""
 
@@ -88,7 +90,7 @@ class AlgoConfig:
         _check(self.eps_clip_low < 1, "eps_clip_low must be < 1 (the lower bound 1 - eps must stay positive)")
         _check(self.clip_ratio_c is None or self.clip_ratio_c > 1, "clip_ratio_c must be > 1 or None")
         _check(self.cispo_eps_low >= 0 and self.cispo_eps_high >= 0, "cispo_eps_low/high must be >= 0")
-        _check(self.adv_eps >= 0 and 0 <= self.gamma <= 1, "adv_eps must be >= 0 and gamma in [0, 1]")
+        _check(self.adv_eps > 0 and 0 <= self.gamma <= 1, "adv_eps must be > 0 and gamma in [0, 1]")
         _check(self.log_ratio_clamp > 0, "log_ratio_clamp must be > 0")
         _check(self.kl_coef >= 0, "kl_coef must be >= 0")
         _check(self.correction_cap > 0, "correction_cap must be > 0")
@@ -105,3 +107,15 @@ class AlgoConfig:
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(f"AlgoConfig: {message}")
+
+
+def attribute_docs(cls: type) -> dict[str, str]:
+    """``{field: help}`` read from the attribute docstrings under each field of a dataclass."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for stmt, following in zip(body, body[1:]):
+        is_doc = isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and is_doc:
+            docs[stmt.target.id] = inspect.cleandoc(following.value.value)  # type: ignore[attr-defined]
+    return docs

@@ -39,10 +39,15 @@ get_policy_loss_fn = POLICY_LOSSES.get
 
 def _prepare(
     logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Check shapes; return constant ``old_logprobs``, constant ``advantages`` and a float mask."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Check shapes; return ``logprobs``, constant ``old_logprobs`` and ``advantages``, float mask.
+
+    All three are zeroed on masked tokens (``torch.where``), so padding such as ``-inf`` there
+    can produce neither NaN values nor NaN gradients downstream.
+    """
     check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
-    return old_logprobs.detach(), advantages.detach(), mask.to(logprobs.dtype)
+    m = mask.to(logprobs.dtype)
+    return zero_masked(logprobs, m), zero_masked(old_logprobs.detach(), m), zero_masked(advantages.detach(), m), m
 
 
 def _clip_surrogate(ratio: Tensor, adv: Tensor, low: float, high: float) -> tuple[Tensor, Tensor]:
@@ -65,7 +70,7 @@ def ppo_clip_loss(
     ``approx_kl`` (mean of ``old - new`` log-probs, k1 of old vs new).
     Shapes: all inputs ``[B, T]`` → loss ``[B, T]``.
     """
-    old, adv, m = _prepare(logprobs, old_logprobs, advantages, mask)
+    logprobs, old, adv, m = _prepare(logprobs, old_logprobs, advantages, mask)
     log_ratio = safe_log_ratio(logprobs, old, cfg.log_ratio_clamp)
     ratio = log_ratio.exp()
     loss, clip_active = _clip_surrogate(ratio, adv, 1.0 - cfg.eps_clip_low, 1.0 + cfg.eps_clip_high)
@@ -105,7 +110,7 @@ def gspo_loss(
     Metrics: ``clipfrac`` (over tokens), ``seq_ratio_mean`` (over rows with tokens).
     Shapes: all inputs ``[B, T]`` → loss ``[B, T]``.
     """
-    old, adv, m = _prepare(logprobs, old_logprobs, advantages, mask)
+    logprobs, old, adv, m = _prepare(logprobs, old_logprobs, advantages, mask)
     seq_log_ratio = sequence_log_ratio(logprobs, old, m, cfg.log_ratio_clamp)  # [B]
     token_log_ratio = seq_log_ratio.detach()[:, None] + logprobs - logprobs.detach()
     ratio = token_log_ratio.exp()
@@ -131,7 +136,7 @@ def cispo_loss(
     Metrics: ``clipfrac`` (weight was clamped), ``ratio_mean``.
     Shapes: all inputs ``[B, T]`` → loss ``[B, T]``.
     """
-    old, adv, m = _prepare(logprobs, old_logprobs, advantages, mask)
+    logprobs, old, adv, m = _prepare(logprobs, old_logprobs, advantages, mask)
     ratio = safe_log_ratio(logprobs.detach(), old, cfg.log_ratio_clamp).exp()
     weight = ratio.clamp(1.0 - cfg.cispo_eps_low, 1.0 + cfg.cispo_eps_high)
     loss = -weight * adv * logprobs
