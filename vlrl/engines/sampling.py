@@ -1,0 +1,57 @@
+"""Sampling and the logprob contract (see ``vlrl.engines.types``), as pure torch functions."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from vlrl.engines.types import SamplingParams
+
+
+def effective_temperature(temperature: float) -> float:
+    """The T of the logprob contract: the request's temperature, or 1 for greedy."""
+    return temperature if temperature > 0 else 1.0
+
+
+def contract_logprobs(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(logits / T)`` in fp32. logits ``[B, V]``, temperatures ``[B]`` -> ``[B, V]``."""
+    return torch.log_softmax(logits.float() / temperatures.to(logits.device, torch.float32)[:, None], dim=-1)
+
+
+def truncate(scaled: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """Set logits outside the top-k / top-p / min-p set to -inf. ``scaled`` ``[V]`` (already ÷ T)."""
+    out = scaled
+    if top_k and top_k < out.numel():
+        kth = torch.topk(out, top_k).values[-1]
+        out = out.masked_fill(out < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(out, descending=True)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        # keep a token if the mass before it is < top_p (so the first token is always kept)
+        drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        out = out.masked_fill(drop, float("-inf"))
+    if min_p > 0.0:
+        probs = torch.softmax(out, dim=-1)
+        out = out.masked_fill(probs < min_p * probs.max(), float("-inf"))
+    return out
+
+
+def sample_tokens(logits: torch.Tensor, params: Sequence[SamplingParams], banned: torch.Tensor,
+                  generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """Pick one token per row. logits ``[B, V]`` raw fp32; ``banned`` ``[n]`` ids never to be picked.
+
+    Returns ``[B]`` int64. Greedy rows take the argmax of the banned-masked logits; sampled rows
+    draw from softmax(truncate(masked / T)) with their own generator (reproducible per request).
+    """
+    masked = logits.float().index_fill(1, banned.to(logits.device), float("-inf"))
+    tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    for b, p in enumerate(params):
+        if p.temperature == 0:
+            tokens[b] = torch.argmax(masked[b])
+            continue
+        row = truncate(masked[b] / p.temperature, p.top_k, p.top_p, p.min_p)
+        probs = torch.softmax(row, dim=-1)
+        tokens[b] = torch.multinomial(probs, 1, generator=generators[b])[0]
+    return tokens

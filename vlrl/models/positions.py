@@ -1,0 +1,29 @@
+"""mRoPE position ids, computed one way for the engine and the trainer alike."""
+
+from __future__ import annotations
+
+import torch
+
+IMAGE, VIDEO = 1, 2
+
+
+def mm_token_type_ids(input_ids: torch.Tensor, image_token_id: int, video_token_id: int) -> torch.Tensor:
+    """``[B, L]`` int: 0 text, 1 image placeholder, 2 video placeholder."""
+    types = torch.zeros_like(input_ids, dtype=torch.int32)
+    types[input_ids == image_token_id] = IMAGE
+    types[input_ids == video_token_id] = VIDEO
+    return types
+
+
+def mrope_positions(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                    image_grid_thw: torch.Tensor | None) -> torch.Tensor:
+    """``[3, B, L]`` (temporal, height, width) position ids from the image grids, as the model
+    computes them. Padding positions (``attention_mask == 0``) get 0.
+
+    ``model`` is a Qwen-VL ``*ForConditionalGeneration``; ``input_ids`` ``[B, L]``.
+    """
+    cfg = model.config
+    types = mm_token_type_ids(input_ids, cfg.image_token_id, cfg.video_token_id)
+    positions, _ = model.model.get_rope_index(input_ids, types, image_grid_thw=image_grid_thw,
+                                              attention_mask=attention_mask)
+    return positions

@@ -1,0 +1,52 @@
+"""What a renderer returns: exactly the token ids and vision tensors a model sees."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class PlaceholderRange:
+    """The run of ``<|image_pad|>`` tokens of one image: ``token_ids[offset : offset + length]``."""
+
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """A rendered conversation.
+
+    token_ids:      the prompt, placeholders already expanded (one ``<|image_pad|>`` per merged patch).
+    pixel_values:   ``[n_patches, C * temporal_patch * patch * patch]`` float32 for all images in order,
+                    normalised; ``None`` without images.
+    image_grid_thw: ``[n_images, 3]`` int64 (temporal, height, width in patches); ``None`` without images.
+    placeholders:   one :class:`PlaceholderRange` per image, in order.
+    image_hashes:   one sha256 per image over its decoded RGB pixels (see ``vlrl.messages.image_hash``).
+    text:           the rendered prompt text (for reports and diffs; ``token_ids`` is authoritative).
+    """
+
+    token_ids: tuple[int, ...]
+    pixel_values: "torch.Tensor | None"
+    image_grid_thw: "torch.Tensor | None"
+    placeholders: tuple[PlaceholderRange, ...]
+    image_hashes: tuple[str, ...]
+    text: str = ""
+
+    @property
+    def n_images(self) -> int:
+        return len(self.placeholders)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+class Renderer(Protocol):
+    """Turns an OpenAI-format conversation into a :class:`RenderedPrompt` (the only place that does)."""
+
+    def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True,
+               tools: Sequence[dict[str, Any]] | None = None) -> RenderedPrompt: ...
