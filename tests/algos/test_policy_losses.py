@@ -108,6 +108,20 @@ def test_gspo_values_and_gradient_hand_computed():
     torch.testing.assert_close(logprobs.grad, torch.tensor([[0.0] * 4, [0.5] * 4]))
 
 
+def test_gspo_token_form_credits_per_token_advantages():
+    # GSPO-token: s_it has the value of s_i but gradient s_i * grad log pi_t, so per-token
+    # advantages steer their own tokens. Row log-ratios 0.2, -0.2, 0 -> mean 0 -> s = 1.
+    old = torch.zeros(1, 3)
+    logprobs = torch.tensor([[0.2, -0.2, 0.0]], requires_grad=True)
+    adv = torch.tensor([[1.0, -2.0, 0.5]])
+    loss, _ = get_policy_loss_fn("gspo")(logprobs, old, adv, torch.ones(1, 3), GSPO_CFG)
+    torch.testing.assert_close(loss, torch.tensor([[-1.0, 2.0, -0.5]]))  # -A_t * s
+    loss.sum().backward()
+    # dL_t/dlogp_t = -A_t * s = [-1, 2, -0.5]; a plain sequence ratio would give every token
+    # -(sum_t A_t) * s / 3 = 0.1667 instead
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[-1.0, 2.0, -0.5]]))
+
+
 def test_gspo_equals_ppo_clip_when_all_tokens_share_one_ratio():
     torch.manual_seed(3)
     for shared in (-0.3, 0.0, 0.05, 0.4):
