@@ -9,6 +9,20 @@ Imports torch and the standard library only. Modules:
 - ``kl``: k1, k2, k3 estimators; ``kl_loss`` (loss term) and ``kl_penalized_rewards`` (in reward)
 - ``correction``: rollout-mismatch importance weights (token/sequence × truncate/mask)
 - ``config``: ``AlgoConfig``, the frozen dataclass of every knob
+
+One update step, in order (``logp`` with grad; ``old``, ``rollout``, ``ref`` constants; all ``[B, T]``)::
+
+    if cfg.kl_in_reward:
+        rewards = kl_penalized_rewards(rewards, old, ref, mask, cfg)           # [B] -> [B, T]
+    adv = get_advantage_fn(cfg.advantage)(rewards, mask, uids, cfg)              # [B, T]
+    weights, corr_metrics = rollout_correction(old, rollout, mask, cfg)          # [B, T]
+    loss, metrics = get_policy_loss_fn(cfg.policy_loss)(logp, old, adv, mask, cfg)
+    loss = loss * weights
+    if cfg.kl_coef > 0 and not cfg.kl_in_reward:
+        loss = loss + kl_loss(logp, ref, mask, cfg)
+    n_tok, n_seq = agg_counts(micro_batch_masks)                                 # whole optimizer step
+    get_aggregation_fn(cfg.loss_agg)(loss, mask, num_tokens=n_tok, num_seqs=n_seq,
+                                     norm_len=cfg.loss_norm_len).backward()
 """
 
 from vlrl.algos.advantages import ADVANTAGES, get_advantage_fn, register_advantage, token_rewards
