@@ -90,13 +90,19 @@ def corner_pair(height: int, width: int, k: int) -> tuple[tuple[int, int], tuple
     return pairs[k]
 
 
-def render_maze(maze_map: np.ndarray, agent: tuple[int, int], target: tuple[int, int]) -> np.ndarray:
-    """The frame ``[H*TILE, W*TILE, 3]`` uint8 for a maze state."""
-    h, w = maze_map.shape
+def render_background(maze_map: np.ndarray, target: tuple[int, int]) -> np.ndarray:
+    """Walls, floor and the goal tile, ``[H*TILE, W*TILE, 3]`` uint8 (everything but the agent)."""
     colours = np.array([FLOOR, WALL], dtype=np.uint8)
     frame = np.repeat(np.repeat(colours[maze_map], TILE, axis=0), TILE, axis=1)
     tr, tc = target
     frame[tr * TILE:(tr + 1) * TILE, tc * TILE:(tc + 1) * TILE] = TARGET
+    return frame
+
+
+def render_maze(maze_map: np.ndarray, agent: tuple[int, int], target: tuple[int, int],
+                background: np.ndarray | None = None) -> np.ndarray:
+    """The frame ``[H*TILE, W*TILE, 3]`` uint8 for a maze state (``background`` reused when given)."""
+    frame = render_background(maze_map, target) if background is None else background.copy()
     ar, ac = agent
     tile = frame[ar * TILE:(ar + 1) * TILE, ac * TILE:(ac + 1) * TILE]
     tile[DISC] = AGENT
@@ -118,6 +124,7 @@ class Maze2DEnv(gym.Env):
         self.maze_map = np.ones((self.height, self.width), dtype=np.int8)
         self.agent = (1, 1)
         self.target = (self.height - 2, self.width - 2)
+        self._background = render_background(self.maze_map, self.target)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """New maze from ``np_random`` (re-seeded by ``seed``); ``options={"init_state": {...}}`` restores one."""
@@ -131,6 +138,7 @@ class Maze2DEnv(gym.Env):
             walk_rng = random.Random(int(self.np_random.integers(2**32)))
             self.maze_map = generate_maze(self.height, self.width, walk_rng)
             self.agent, self.target = corner_pair(self.height, self.width, int(self.np_random.integers(0, 4)))
+        self._background = render_background(self.maze_map, self.target)  # static per maze: drawn once
         return self._obs(), self._info(FEEDBACK_OK)
 
     def step(self, action: int):
@@ -148,7 +156,7 @@ class Maze2DEnv(gym.Env):
     def render(self):
         if self.render_mode == "ansi":
             return self.ansi()
-        return render_maze(self.maze_map, self.agent, self.target)
+        return self._obs()
 
     def ansi(self) -> str:
         """Text picture: ``#`` wall, space floor, ``A`` agent, ``T`` target, plus a ``#`` border."""
@@ -168,9 +176,9 @@ class Maze2DEnv(gym.Env):
                 "target_location": list(self.target)}
 
     def _obs(self) -> np.ndarray:
-        return render_maze(self.maze_map, self.agent, self.target)
+        return render_maze(self.maze_map, self.agent, self.target, self._background)
 
     def _info(self, feedback: str) -> dict[str, Any]:
         distance = abs(self.agent[0] - self.target[0]) + abs(self.agent[1] - self.target[1])
         return {"distance": distance, "agent": self.agent, "target": self.target,
-                "maze_map": self.maze_map, "env_feedback": feedback}
+                "maze_map": self.maze_map.copy(), "env_feedback": feedback}
