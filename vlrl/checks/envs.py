@@ -13,7 +13,7 @@
 - ``close``: ``close()`` twice raises nothing.
 - ``hostile``: hostile texts (fixed corpus + hypothesis) never raise and keep the contract;
   ``no_execution``: while stepping them nothing executes text or writes files (see
-  :mod:`vlrl.checks.hostile`), and no canary payload left a trace. ``slow``: no step over
+  :mod:`vlrl.checks.hostile`); ``canary``: no canary payload left a trace. ``slow``: no step over
   ``max_step_seconds``.
 """
 
@@ -267,9 +267,9 @@ def check_env(factory: Callable[[int], Env] | str, *, name: str | None = None, s
             texts = fixed_corpus(Path(tmp)) + hypothesis_texts(n_hostile)
             checker.hostile(texts, seed + 10_000, ExecutionSentinel())
             for trace in canary_traces(Path(tmp)):
-                checker.fail("no_execution", f"a canary payload was executed: {trace}")
+                checker.fail("canary", f"a canary payload was executed: {trace}")
     report = EnvCheckReport(name, ("construct", "init", "types", "messages", "images", "done", "step_after_done",
-                                   "determinism", "close", "hostile", "no_execution", "slow"),
+                                   "determinism", "close", "hostile", "no_execution", "canary", "slow"),
                             tuple(checker.failures), checker.n_steps, len(texts) if probe is not None else 0,
                             time.perf_counter() - t0)
     if raise_on_failure and not report.ok:
