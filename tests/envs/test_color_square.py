@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from vlrl.envs import EnvError, make_env
-from vlrl.envs.color_square import BACKGROUND, DEFAULT_PALETTE, ColorSquareEnv, colour_parser
+from vlrl.envs.color_square import BACKGROUND, DEFAULT_PALETTE, colour_parser
 from vlrl.messages import load_image
 
 NAMES = list(DEFAULT_PALETTE)
@@ -88,6 +88,12 @@ def test_custom_palette_and_bad_extras():
 
 
 def test_gymnasium_env_checker_passes():
+    import gymnasium
     from gymnasium.utils.env_checker import check_env
 
-    check_env(ColorSquareEnv(n_turns=3), skip_render_check=False)
+    from vlrl.envs.builtin import register_with_gymnasium
+
+    register_with_gymnasium()
+    env = gymnasium.make("vlrl/ColorSquare-v0", n_turns=2, image_size=64)
+    check_env(env.unwrapped, skip_render_check=False)
+    assert env.reset(seed=0)[0].shape == (64, 64, 3)

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     from vlrl.data.rows import write_rows
     from vlrl.data.tickets import build_splits
-    from vlrl.envs import EnvError
+    from vlrl.envs import EnvError, make_env
 
     try:
         extras = json.loads(args.extras)
@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     with_prompts = args.env in PROMPT_ENVS if args.with_prompts is None else args.with_prompts
     train_seed = secrets.randbits(31) if args.train_seed is None else args.train_seed
     try:
+        make_env(args.env, extras, 0).close()  # fail now on an unknown env or bad extras, not at train time
         splits = build_splits(args.env, args.train, args.eval, extras=extras, with_prompts=with_prompts,
                               train_seed=train_seed)
     except EnvError as exc:
