@@ -3,7 +3,7 @@
 # Idempotent: a second run only re-checks. Usage: bash scripts/setup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3.11}
+PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
 VENV=${VLRL_VENV:-.venv}
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
