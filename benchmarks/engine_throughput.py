@@ -36,10 +36,8 @@ def build(args):
 def make_prompts(renderer, n: int):
     from vlrl.messages import image_part
 
-    rng = np.random.default_rng(0)
     out = []
-    for i in range(n):
-        img = rng.integers(0, 256, size=(224, 224, 3), dtype=np.uint8)
+    for i, img in enumerate(bench_images(n)):
         msgs = [{"role": "user", "content": [image_part(img), {"type": "text", "text": f"Describe image {i}."}]}]
         out.append(renderer.render(msgs))
     return out
@@ -72,9 +70,7 @@ def time_hf_generate(engine, renderer, prompts, max_tokens: int, repeats: int, d
     tok = renderer.tokenizer
     tok.padding_side = "left"
     texts = [p.text for p in prompts]
-    from vlrl.messages import image_part  # noqa: F401  (prompts carry their own pixels)
-
-    inputs = renderer.processor(text=texts, images=_images(prompts, renderer), return_tensors="pt", padding=True)
+    inputs = renderer.processor(text=texts, images=bench_images(len(prompts)), return_tensors="pt", padding=True)
     inputs = {k: v.to(device) for k, v in inputs.items()}
     if "pixel_values" in inputs:
         inputs["pixel_values"] = inputs["pixel_values"].to(engine.model.dtype)
@@ -92,9 +88,10 @@ def time_hf_generate(engine, renderer, prompts, max_tokens: int, repeats: int, d
     return {"seconds": round(best, 4), "tokens": int(n), "tok_per_s": round(n / best, 2)}
 
 
-def _images(prompts, renderer):
+def bench_images(n: int) -> list[np.ndarray]:
+    """The n 224×224 request images (seeded), shared by the engine and the HF-generate baseline."""
     rng = np.random.default_rng(0)
-    return [rng.integers(0, 256, size=(224, 224, 3), dtype=np.uint8) for _ in prompts]
+    return [rng.integers(0, 256, size=(224, 224, 3), dtype=np.uint8) for _ in range(n)]
 
 
 def main() -> None:

@@ -65,17 +65,12 @@ def play(renderer, engine, env_class: str, max_turns: int, seed: int) -> dict:
 
 
 def agreement(model, prompt, gen) -> float:
-    """max |engine logprob − full-forward logprob| over the generated tokens (fp32)."""
+    """max |engine logprob − full-forward logprob| over the generated tokens (fp32, T = 1)."""
     import torch
 
-    from vlrl.models.positions import mm_token_type_ids
+    from vlrl.checks.logprobs import full_forward_logprobs
 
-    ids = torch.tensor([list(prompt.token_ids) + list(gen.token_ids)])
-    types = mm_token_type_ids(ids, model.config.image_token_id, model.config.video_token_id)
-    with torch.no_grad():
-        logits = model(input_ids=ids, pixel_values=prompt.pixel_values, image_grid_thw=prompt.image_grid_thw,
-                       mm_token_type_ids=types).logits[0, len(prompt.token_ids) - 1:-1].float()
-    ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(gen.token_ids)[:, None])[:, 0]
+    ref = full_forward_logprobs(model, prompt, gen.token_ids, 1.0)
     return float((ref - torch.tensor(gen.logprobs)).abs().max())
 
 

@@ -11,7 +11,7 @@ import torch
 from vlrl.engines.types import SamplingParams
 from vlrl.errors import ContextOverflowError
 from vlrl.messages import image_part
-from vlrl.models.positions import mm_token_type_ids
+from vlrl.checks.logprobs import full_forward_logprobs
 
 ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 VISION_IDS = {151652, 151653, 151654, 151655, 151656}
@@ -32,15 +32,7 @@ def prompts(renderer):
 
 def reference_logprobs(model, prompt, gen, temperature):
     """A separate full forward over prompt + generated tokens; positions computed by the model itself."""
-    ids = torch.tensor([list(prompt.token_ids) + list(gen.token_ids)])
-    cfg = model.config
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=prompt.pixel_values,
-                       image_grid_thw=prompt.image_grid_thw,
-                       mm_token_type_ids=mm_token_type_ids(ids, cfg.image_token_id, cfg.video_token_id)).logits[0]
-    n = len(prompt.token_ids)
-    t = temperature if temperature > 0 else 1.0
-    return torch.log_softmax(logits[n - 1:-1].float() / t, -1).gather(1, torch.tensor(gen.token_ids)[:, None])[:, 0]
+    return full_forward_logprobs(model, prompt, gen.token_ids, temperature)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])

@@ -1,0 +1,25 @@
+"""Reference logprobs from one full forward pass, to check an engine's reported logprobs against."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from vlrl.models.positions import mm_token_type_ids
+from vlrl.render.types import RenderedPrompt
+
+
+@torch.no_grad()
+def full_forward_logprobs(model, prompt: RenderedPrompt, token_ids: Sequence[int], temperature: float) -> torch.Tensor:
+    """``[n]`` fp32 logprobs of ``token_ids`` after ``prompt`` under the engine logprob contract.
+
+    One forward over prompt + tokens with the prompt's vision tensors; mRoPE positions are left to
+    the model itself (from ``mm_token_type_ids`` and the grids), independent of vlrl's position code.
+    """
+    ids = torch.tensor([list(prompt.token_ids) + list(token_ids)])
+    types = mm_token_type_ids(ids, model.config.image_token_id, model.config.video_token_id)
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=prompt.pixel_values,
+                   image_grid_thw=prompt.image_grid_thw, mm_token_type_ids=types).logits[0]
+    n, t = len(prompt.token_ids), (temperature if temperature > 0 else 1.0)
+    return torch.log_softmax(logits[n - 1:-1].float() / t, -1).gather(1, torch.tensor(list(token_ids))[:, None])[:, 0]
