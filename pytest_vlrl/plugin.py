@@ -18,18 +18,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="folder for checkpoints the tests build (default: $VLRL_CACHE or ~/.cache/vlrl)")
 
 
-# Plugin parts kept in their own modules (fixtures and hooks per concern), registered here.
-SUBPLUGINS = ("pytest_vlrl.envs",)
+# Plugin parts kept in their own modules (options, fixtures and hooks per concern). pytest imports
+# and registers them with this module, early enough for their own ``pytest_addoption``.
+pytest_plugins = ["pytest_vlrl.envs", "pytest_vlrl.golden", "pytest_vlrl.vllm", "pytest_vlrl.train"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    import importlib
-
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
-    for name in SUBPLUGINS:
-        if not config.pluginmanager.has_plugin(name):
-            config.pluginmanager.register(importlib.import_module(name), name)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,0 +1,3 @@
+"""Golden token / loss-mask files: --vlrl-update-golden, --vlrl-regen-all, the vlrl_golden fixture."""
+
+from __future__ import annotations
