@@ -28,6 +28,10 @@ class RenderedPrompt:
     placeholders:   one :class:`PlaceholderRange` per image, in order.
     image_hashes:   one sha256 per image over its decoded RGB pixels (see ``vlrl.messages.image_hash``).
     text:           the rendered prompt text (for reports and diffs; ``token_ids`` is authoritative).
+    engine_features: one opaque payload per image that the renderer's matching engine needs to
+                    generate from this prompt (vLLM's processed multimodal kwargs); empty for the
+                    embedded renderer. Engines read image offsets from ``placeholders``, never from
+                    the payload, so a rollout may splice token ids and shift placeholders freely.
     """
 
     token_ids: tuple[int, ...]
@@ -36,6 +40,7 @@ class RenderedPrompt:
     placeholders: tuple[PlaceholderRange, ...]
     image_hashes: tuple[str, ...]
     text: str = ""
+    engine_features: tuple[Any, ...] = ()
 
     @property
     def n_images(self) -> int:
