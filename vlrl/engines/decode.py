@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vlrl.engines.sampling import contract_logprobs, effective_temperature, sample_tokens
+from vlrl.engines.sampling import contract_logprobs, effective_temperature, sample_tokens, top_logprobs
 from vlrl.engines.types import Generation, SamplingParams
 from vlrl.models.positions import mrope_positions
 from vlrl.render.types import RenderedPrompt
@@ -23,6 +23,7 @@ class Request:
     max_new: int
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
     finish: Generation | None = None
 
 
@@ -67,9 +68,12 @@ def decode_batch(engine: "EmbeddedEngine", requests: list[Request]) -> list[Gene
     while True:
         rows = [requests[i] for i in active]
         tokens = sample_tokens(logits, [r.params for r in rows], engine.banned_ids, [gens[i] for i in active])
-        lps = contract_logprobs(logits, temps[active]).gather(1, tokens[:, None])[:, 0]
+        contract = contract_logprobs(logits, temps[active])
+        lps = contract.gather(1, tokens[:, None])[:, 0]
+        tops = top_logprobs(contract, [r.params.logprobs_topk for r in rows])
         keep = []
         for row, (i, tok, lp) in enumerate(zip(active, tokens.tolist(), lps.tolist())):
+            requests[i].top.append(tops[row])
             if _step(engine, requests[i], tok, lp):
                 keep.append(row)
         if not keep:
@@ -124,11 +128,13 @@ def _cut_before(engine: "EmbeddedEngine", r: Request, char_index: int) -> None:
     while r.ids and len(engine.tokenizer.decode(r.ids, skip_special_tokens=True)) > char_index:
         r.ids.pop()
         r.logprobs.pop()
+        r.top.pop()
 
 
 def _finish(engine: "EmbeddedEngine", r: Request, reason: str, stop_reason) -> bool:
     text = engine.tokenizer.decode(r.ids, skip_special_tokens=True)
     r.finish = Generation(token_ids=tuple(r.ids), logprobs=tuple(r.logprobs), finish_reason=reason,
                           stop_reason=stop_reason, text=text, weight_version=engine.weight_version,
-                          prompt_len=len(r.prompt.token_ids))
+                          prompt_len=len(r.prompt.token_ids),
+                          top_logprobs=tuple(r.top) if r.params.logprobs_topk else ())
     return False

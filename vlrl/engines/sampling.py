@@ -19,6 +19,17 @@ def contract_logprobs(logits: torch.Tensor, temperatures: torch.Tensor) -> torch
     return torch.log_softmax(logits.float() / temperatures.to(logits.device, torch.float32)[:, None], dim=-1)
 
 
+def top_logprobs(contract: torch.Tensor, ks: Sequence[int]) -> list[tuple[tuple[int, float], ...]]:
+    """Per row, the ``ks[b]`` largest entries of ``contract`` ``[B, V]`` (already contract logprobs)
+    as ``(id, logprob)`` pairs, most likely first; ``()`` where ``ks[b] == 0``. One ``topk`` for the batch."""
+    k = max(ks, default=0)
+    if k == 0:
+        return [() for _ in ks]
+    vals, ids = torch.topk(contract, min(k, contract.shape[-1]), dim=-1)
+    vals, ids = vals.tolist(), ids.tolist()
+    return [tuple(zip(ids[b][:kb], vals[b][:kb])) for b, kb in enumerate(ks)]
+
+
 def truncate(scaled: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
     """Set logits outside the top-k / top-p / min-p set to -inf. ``scaled`` ``[V]`` (already ÷ T)."""
     out = scaled

@@ -43,6 +43,9 @@ class SamplingParams:
     """Do not stop on the model's eos ids."""
     seed: int | None = None
     """Per-request seed: the same seed gives the same tokens whatever else is in the batch."""
+    logprobs_topk: int = 0
+    """Also report, per generated token, the k most likely ids with their contract logprobs
+    (``Generation.top_logprobs``; full vocabulary, before banning and truncation, at T). 0 = off."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -51,6 +54,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0 or self.min_p < 0 or self.min_p > 1:
             raise ValueError(f"top_k must be >= 0 and min_p in [0, 1], got {self.top_k}, {self.min_p}")
+        if self.logprobs_topk < 0:
+            raise ValueError(f"logprobs_topk must be >= 0, got {self.logprobs_topk}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if isinstance(self.stop, str):
@@ -70,6 +75,10 @@ class Generation:
     weight_version: int = 0
     prompt_len: int = 0
     meta: dict = field(default_factory=dict)
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
+    """With ``SamplingParams.logprobs_topk = k``: per generated token, the k most likely
+    ``(token_id, logprob)`` pairs, most likely first, under the same contract as ``logprobs``
+    (so the sampled token's pair, when present, carries exactly ``logprobs[i]``). Empty otherwise."""
 
 
 class Engine(Protocol):
