@@ -1,0 +1,260 @@
+"""One episode: env ↔ renderer ↔ policy, turn by turn, into :class:`Trajectory` objects.
+
+Multi-turn mode builds one token sequence (see :mod:`vlrl.rollout.splice` for how each turn's
+prompt extends the last); step-wise mode makes one trajectory per turn from that turn's render.
+Errors of the env, of its observations and of the engine end the episode (stop reason and
+``error`` say which); a :class:`~vlrl.rollout.splice.PrefixError` escapes, because a template that
+rewrites history poisons every episode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from vlrl.engines.types import Generation, SamplingParams
+from vlrl.errors import BadInputError
+from vlrl.render.types import PlaceholderRange, RenderedPrompt
+from vlrl.rollout.splice import shift_placeholders, splice_turn
+from vlrl.rollout.types import StopReason, Trajectory, TurnSpan
+
+
+class Policy(Protocol):
+    async def agenerate(self, prompt: RenderedPrompt, params: SamplingParams) -> Generation: ...
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """What one episode needs besides the parts: its id, group, turn budget and per-turn sampling."""
+
+    uid: str
+    group: int
+    max_turns: int
+    max_context: int
+    params: tuple[SamplingParams, ...]
+    """One per turn (per-turn seeds)."""
+    step_wise: bool = False
+
+
+@dataclass
+class _Turn:
+    prompt: RenderedPrompt
+    gen: Generation
+    tokens: tuple[int, ...]
+    """The generated ids, plus ``<|im_end|>`` when appended."""
+    eos_appended: bool
+    text: str
+    reward: float = 0.0
+
+
+@dataclass
+class _Seq:
+    """A growing token sequence with its per-token fields (the response part only)."""
+
+    prompt_ids: tuple[int, ...]
+    render: RenderedPrompt
+    """The last render spliced in: its vision tensors cover every image of the sequence."""
+    placeholders: tuple[PlaceholderRange, ...]
+    """Image placeholders in sequence coordinates."""
+    response: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    spans: list[TurnSpan] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.response)
+
+    def prompt(self) -> RenderedPrompt:
+        """What the engine is asked to continue: the sequence so far with all its images."""
+        return dataclasses.replace(self.render, token_ids=self.prompt_ids + tuple(self.response),
+                                   placeholders=self.placeholders)
+
+    def extend(self, tokens, mask, logprobs) -> None:
+        self.response.extend(tokens)
+        self.mask.extend(mask)
+        self.logprobs.extend(logprobs)
+        self.rewards.extend([0.0] * len(tokens))
+
+    def add_turn(self, k: int, turn: _Turn, obs_start: int) -> None:
+        n_gen = len(turn.gen.token_ids)
+        gen_start = len(self)
+        self.extend(turn.tokens, [1] * n_gen + [0] * turn.eos_appended,
+                    [float(x) for x in turn.gen.logprobs] + [0.0] * turn.eos_appended)
+        if n_gen:  # the turn's reward sits on its last generated token
+            self.rewards[gen_start - len(self.prompt_ids) + n_gen - 1] = turn.reward
+        self.spans.append(TurnSpan(index=k, obs_start=obs_start, gen_start=gen_start, gen_end=len(self),
+                                   reward=turn.reward, finish_reason=turn.gen.finish_reason,
+                                   eos_appended=turn.eos_appended, text=turn.text,
+                                   images_before=turn.prompt.n_images))
+
+
+@dataclass
+class _Outcome:
+    stop: StopReason = "max_turns"
+    error: str | None = None
+    metas: list[dict[str, Any]] = field(default_factory=list)
+    versions: set[int] = field(default_factory=set)
+
+
+class EpisodeRunner:
+    """Plays an env to the end with a policy (see the module docstring for what ends an episode)."""
+
+    def __init__(self, renderer, tokenizer):
+        self.renderer = renderer
+        self.tokenizer = tokenizer
+        self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.terminators = {self.end_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")}
+
+    async def run(self, env, messages: list[dict], policy: Policy, spec: EpisodeSpec) -> list[Trajectory]:
+        """Play from the env's first messages; one trajectory (multi-turn) or one per turn (step-wise)."""
+        try:
+            render = self.renderer.render(messages)
+        except BadInputError as exc:
+            return [_empty(spec, messages, f"the env's first observation cannot be rendered: {exc}")]
+        if spec.step_wise:
+            return await self._run_steps(env, messages, render, policy, spec)
+        seq = _Seq(prompt_ids=render.token_ids, render=render, placeholders=render.placeholders)
+        out = _Outcome()
+        obs_start = 0
+        for k in range(spec.max_turns):
+            if len(seq) >= spec.max_context:
+                out.stop = "length"
+                break
+            turn = await self._turn(policy, seq.prompt(), spec, k, out)
+            if turn is None:
+                break
+            result = self._step(env, turn, out)
+            seq.add_turn(k, turn, obs_start)
+            if result is None or self._ended(result, k, spec, out):
+                break
+            messages = messages + [{"role": "assistant", "content": turn.text}] + list(result.observations)
+            obs_start = len(seq)
+            if not self._extend(seq, messages, turn.text, k, spec, out):
+                break
+        return [_trajectory(spec.uid, spec, seq, out, messages)]
+
+    # ------------------------------------------------------------------ pieces of a turn
+
+    async def _turn(self, policy: Policy, prompt: RenderedPrompt, spec: EpisodeSpec, k: int,
+                    out: _Outcome) -> _Turn | None:
+        try:
+            gen = await policy.agenerate(prompt, spec.params[k])
+        except Exception as exc:  # noqa: BLE001 — a failed engine ends this episode, keeping its turns
+            out.stop, out.error = "engine_error", f"turn {k}: {type(exc).__name__}: {exc}"
+            return None
+        out.versions.add(gen.weight_version)
+        ids = tuple(gen.token_ids)
+        ended = bool(ids) and ids[-1] in self.terminators
+        body = ids[:-1] if ended else ids
+        # The template closes every assistant turn with <|im_end|>: add it when generation did not
+        # (stop string, stop token, max_tokens) and the context has room for it.
+        append = not ended and len(prompt) + len(ids) < spec.max_context
+        return _Turn(prompt, gen, ids + ((self.end_id,) if append else ()), append,
+                     self.tokenizer.decode(list(body), skip_special_tokens=False))
+
+    @staticmethod
+    def _step(env, turn: _Turn, out: _Outcome):
+        try:
+            result = env.step(turn.text)
+        except Exception as exc:  # noqa: BLE001 — an env bug ends this episode only
+            out.stop, out.error = "env_error", f"env.step raised {type(exc).__name__}: {exc}"
+            return None
+        turn.reward = result.reward
+        out.metas.append(dict(result.metadata))
+        return result
+
+    @staticmethod
+    def _ended(result, k: int, spec: EpisodeSpec, out: _Outcome) -> bool:
+        if result.done:
+            out.stop = "done"
+            return True
+        if k + 1 == spec.max_turns:
+            out.stop = "max_turns"
+            return True
+        return False
+
+    def _extend(self, seq: _Seq, messages: list[dict], text: str, k: int, spec: EpisodeSpec,
+                out: _Outcome) -> bool:
+        """Re-render with the new observations and splice them onto the sequence if they fit."""
+        try:
+            new = self.renderer.render(messages)
+        except BadInputError as exc:
+            out.stop, out.error = "env_error", f"turn {k}: the env's observation cannot be rendered: {exc}"
+            return False
+        splice = splice_turn(self.tokenizer, seq.render, new, text, k)
+        if len(seq) + len(splice.obs_tokens) >= spec.max_context:
+            out.stop = "length"  # the observation is dropped: tensors stay those of the kept images
+            return False
+        delta = len(seq) - splice.obs_start_in_render
+        seq.placeholders += shift_placeholders(new.placeholders[seq.render.n_images:], delta)
+        n = len(splice.obs_tokens)
+        seq.extend(splice.obs_tokens, [0] * n, [0.0] * n)
+        seq.render = new
+        return True
+
+    # ------------------------------------------------------------------ step-wise
+
+    async def _run_steps(self, env, messages: list[dict], render: RenderedPrompt, policy: Policy,
+                         spec: EpisodeSpec) -> list[Trajectory]:
+        """One trajectory per turn: prompt = that turn's render, response = its generated tokens."""
+        out, seqs = _Outcome(), []
+        for k in range(spec.max_turns):
+            if len(render) >= spec.max_context:
+                out.stop = "length"
+                break
+            turn = await self._turn(policy, render, spec, k, out)
+            if turn is None:
+                break
+            result = self._step(env, turn, out)
+            seq = _Seq(prompt_ids=render.token_ids, render=render, placeholders=render.placeholders)
+            seq.add_turn(k, turn, 0)
+            seqs.append((seq, messages + [{"role": "assistant", "content": turn.text}]))
+            if result is None or self._ended(result, k, spec, out):
+                break
+            messages = seqs[-1][1] + list(result.observations)
+            try:
+                render = self.renderer.render(messages)
+            except BadInputError as exc:
+                out.stop, out.error = "env_error", f"turn {k}: the env's observation cannot be rendered: {exc}"
+                break
+        episode_return = sum(s.spans[0].reward for s, _ in seqs)
+        trajs = [_trajectory(f"{spec.uid}/t{k}", spec, s, out, m, step_of=spec.uid)
+                 for k, (s, m) in enumerate(seqs)]
+        for t in trajs:
+            t.metrics["episode_return"] = episode_return
+        return trajs
+
+
+def _metrics(seq: _Seq, out: _Outcome) -> dict[str, Any]:
+    valid = [m["valid_action"] for m in out.metas if isinstance(m.get("valid_action"), bool)]
+    metrics: dict[str, Any] = {"return": float(sum(s.reward for s in seq.spans)), "turns": len(seq.spans),
+                               "stop_reason": out.stop}
+    if valid:
+        metrics["valid_action_rate"] = sum(valid) / len(valid)
+    if out.metas and "terminated" in out.metas[-1]:
+        metrics["terminated"] = bool(out.metas[-1]["terminated"])
+    if len(out.versions) > 1:
+        metrics["weight_versions"] = sorted(out.versions)
+    return metrics
+
+
+def _trajectory(uid: str, spec: EpisodeSpec, seq: _Seq, out: _Outcome, messages: list[dict],
+                step_of: str | None = None) -> Trajectory:
+    r = seq.render
+    return Trajectory(
+        uid=uid, group=spec.group, prompt_ids=seq.prompt_ids, response_ids=tuple(seq.response),
+        loss_mask=tuple(seq.mask), logprobs=tuple(seq.logprobs), rewards=tuple(seq.rewards),
+        pixel_values=r.pixel_values, image_grid_thw=r.image_grid_thw, placeholders=seq.placeholders,
+        image_hashes=r.image_hashes, turns=tuple(seq.spans), stop_reason=out.stop,
+        temperature=spec.params[0].temperature if spec.params else 1.0, messages=tuple(messages),
+        metrics=_metrics(seq, out), error=out.error, weight_version=min(out.versions, default=0), step_of=step_of)
+
+
+def _empty(spec: EpisodeSpec, messages: list[dict], error: str) -> Trajectory:
+    return Trajectory(uid=spec.uid, group=spec.group, prompt_ids=(), response_ids=(), loss_mask=(), logprobs=(),
+                      rewards=(), pixel_values=None, image_grid_thw=None, placeholders=(), image_hashes=(),
+                      turns=(), stop_reason="env_error", temperature=spec.params[0].temperature if spec.params else 1.0,
+                      messages=tuple(messages), metrics={"return": 0.0, "turns": 0, "stop_reason": "env_error"},
+                      error=error)

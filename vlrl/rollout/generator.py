@@ -1,0 +1,143 @@
+"""The rollout generator: dataset rows × repetitions, many episodes at once against one engine.
+
+    gen = RolloutGenerator(renderer, engine, RolloutConfig(sampling=SamplingParams(max_tokens=64)))
+    trajectories = gen.run(rows)                      # rows: EnvRow or {prompt, env_class, extras, seed}
+
+Every episode runs as a coroutine; their requests reach the engine together, which batches them.
+Each trajectory passes :func:`vlrl.checks.trajectory.check_trajectory` before it is returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from vlrl.checks.trajectory import check_trajectory
+from vlrl.engines.types import SamplingParams
+from vlrl.rollout.episode import EpisodeRunner, EpisodeSpec, Policy
+from vlrl.rollout.scripted import ScriptedPolicy, Scorer
+from vlrl.rollout.splice import refuse_history_rewrites
+from vlrl.rollout.types import Trajectory
+
+Script = Callable[[Any, Mapping[str, Any]], Sequence[str]]
+"""``(env after init, row) -> assistant texts``: a scripted (expert) episode instead of sampling."""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How to roll out."""
+
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    """Sampling for every turn; its ``seed`` is replaced per turn when ``seed`` below is set."""
+    repeats: int = 1
+    """Episodes per dataset row (a GRPO group)."""
+    max_turns: int | None = None
+    """Turn budget per episode; None = the env's own ``max_turns``."""
+    mode: Literal["multi_turn", "step"] = "multi_turn"
+    """``multi_turn``: one token sequence per episode (the template must not rewrite history);
+    ``step``: one trajectory per turn (for templates that do)."""
+    seed: int | None = 0
+    """Base of the per-(row, repeat, turn) sampling seeds: the same rows give the same rollouts
+    whatever the batching. None = unseeded sampling."""
+    max_context: int | None = None
+    """Context limit; None = the engine's ``max_context``."""
+    progress: bool = True
+    """Show a progress bar (on a terminal)."""
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if self.mode not in ("multi_turn", "step"):
+            raise ValueError(f"mode must be 'multi_turn' or 'step', got {self.mode!r}")
+
+
+def turn_seed(base: int, group: int, repeat: int, turn: int) -> int:
+    """A stable 31-bit seed per (base, group, repeat, turn)."""
+    digest = hashlib.sha256(f"{base}/{group}/{repeat}/{turn}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+class RolloutGenerator:
+    """Turns dataset rows into trajectories through a renderer and an engine (or a script)."""
+
+    def __init__(self, renderer, engine, config: RolloutConfig = RolloutConfig(), *, tokenizer=None):
+        self.renderer = renderer
+        self.engine = engine
+        self.config = config
+        self.tokenizer = tokenizer if tokenizer is not None else renderer.tokenizer
+        self.max_context = config.max_context or engine.max_context
+        self.image_pad_id = self.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+        self.merge_size = getattr(renderer, "merge_size", 2)
+        if config.mode == "multi_turn":
+            refuse_history_rewrites(renderer, self.tokenizer)
+        self.runner = EpisodeRunner(renderer, self.tokenizer)
+
+    def run(self, rows: Sequence[Any], *, script: Script | None = None, scorer: Scorer | None = None) -> list[Trajectory]:
+        """Roll out every row ``repeats`` times; trajectories in (row, repeat[, turn]) order."""
+        return asyncio.run(self.arun(rows, script=script, scorer=scorer))
+
+    async def arun(self, rows: Sequence[Any], *, script: Script | None = None,
+                   scorer: Scorer | None = None) -> list[Trajectory]:
+        jobs = [(g, r, _as_row(row)) for g, row in enumerate(rows) for r in range(self.config.repeats)]
+        bar = _progress(len(jobs), self.config.progress)
+        done: dict[tuple[int, int], list[Trajectory]] = {}
+
+        async def one(g: int, r: int, row: dict) -> None:
+            done[(g, r)] = await self._episode(g, r, row, script, scorer)
+            bar.update(1)
+
+        try:
+            await asyncio.gather(*(one(*job) for job in jobs))
+        finally:
+            bar.close()
+        return [t for key in sorted(done) for t in done[key]]
+
+    async def _episode(self, group: int, repeat: int, row: dict, script: Script | None,
+                       scorer: Scorer | None) -> list[Trajectory]:
+        from vlrl.envs import env_from_row
+
+        env = env_from_row(row)
+        try:
+            messages, _ = env.init(row.get("prompt"))
+            policy: Policy = self.engine
+            if script is not None:
+                policy = ScriptedPolicy(script(env, row), self.tokenizer, max_context=self.max_context, scorer=scorer)
+            spec = self._spec(group, repeat, env)
+            trajectories = await self.runner.run(env, list(messages), policy, spec)
+        finally:
+            env.close()
+        for traj in trajectories:
+            check_trajectory(traj, image_pad_id=self.image_pad_id, merge_size=self.merge_size)
+        return trajectories
+
+    def _spec(self, group: int, repeat: int, env) -> EpisodeSpec:
+        cfg = self.config
+        max_turns = int(env.max_turns if cfg.max_turns is None else min(cfg.max_turns, env.max_turns))
+        params = tuple(cfg.sampling if cfg.seed is None else
+                       dataclasses.replace(cfg.sampling, seed=turn_seed(cfg.seed, group, repeat, k))
+                       for k in range(max_turns))
+        return EpisodeSpec(uid=f"{group}-{repeat}", group=group, max_turns=max_turns, max_context=self.max_context,
+                           params=params, step_wise=cfg.mode == "step")
+
+
+def _as_row(row: Any) -> dict:
+    return row.as_dict() if hasattr(row, "as_dict") else dict(row)
+
+
+class _NoBar:
+    def update(self, n: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled or not sys.stderr.isatty():
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="rollout", unit="episode")

@@ -1,0 +1,69 @@
+"""A scripted policy: plays given assistant texts through the rollout path, as if generated.
+
+Used for expert trajectories (SFT data from the maze BFS solver, color_square answers) and for
+golden files, whose actions must be readable and stable. The texts are tokenised with the
+checkpoint's tokenizer and end with ``<|im_end|>`` unless a stop string, ``max_tokens`` or the
+context ends them first — the same rules the engines apply. Logprobs are NaN unless a ``scorer``
+is given (NaN, not 0: a scripted trajectory fed to a policy-gradient loss by mistake fails loudly).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+
+from vlrl.engines.types import Generation, SamplingParams
+from vlrl.errors import VlrlError
+from vlrl.render.types import RenderedPrompt
+
+Scorer = Callable[[RenderedPrompt, Sequence[int], float], Sequence[float]]
+"""``(prompt, token_ids, temperature) -> logprobs`` under the engine logprob contract."""
+
+
+class ScriptExhaustedError(VlrlError):
+    """The episode asked for more turns than the script holds."""
+
+
+def _apply_stop(text: str, params: SamplingParams) -> tuple[str, str | None]:
+    """Cut ``text`` at the earliest stop string (kept if ``include_stop_str_in_output``)."""
+    hits = [(text.find(s), s) for s in params.stop if s and text.find(s) >= 0]
+    if not hits:
+        return text, None
+    at, stop = min(hits)
+    return (text[: at + len(stop)] if params.include_stop_str_in_output else text[:at]), stop
+
+
+class ScriptedPolicy:
+    """``agenerate(prompt, params)`` returning the next scripted text as a :class:`Generation`."""
+
+    def __init__(self, texts: Sequence[str], tokenizer, *, max_context: int, scorer: Scorer | None = None):
+        self._texts: Iterator[str] = iter(list(texts))
+        self.tokenizer = tokenizer
+        self.max_context = max_context
+        self.scorer = scorer
+        self.eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def generation(self, prompt: RenderedPrompt, params: SamplingParams, text: str) -> Generation:
+        text, stop = _apply_stop(text, params)
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        finish, reason = "stop", stop
+        if stop is None:
+            ids.append(self.eos_id)
+            reason = self.eos_id
+        budget = min(params.max_tokens, self.max_context - len(prompt.token_ids))
+        if len(ids) > budget:
+            ids, finish, reason = ids[:budget], "length", None
+        if self.scorer is not None:
+            logprobs = tuple(float(x) for x in self.scorer(prompt, ids, params.temperature))
+        else:
+            logprobs = (math.nan,) * len(ids)
+        return Generation(token_ids=tuple(ids), logprobs=logprobs, finish_reason=finish, stop_reason=reason,
+                          text=self.tokenizer.decode(ids, skip_special_tokens=True), prompt_len=len(prompt),
+                          meta={"scripted": True})
+
+    async def agenerate(self, prompt: RenderedPrompt, params: SamplingParams) -> Generation:
+        try:
+            text = next(self._texts)
+        except StopIteration:
+            raise ScriptExhaustedError("the scripted episode ran out of assistant texts") from None
+        return self.generation(prompt, params, text)
