@@ -20,7 +20,8 @@ def check_trajectory(traj, *, image_pad_id: int, merge_size: int = 2) -> None:
 
     - ``loss_mask`` is 1 exactly on generated tokens (turn spans minus appended ends of turn);
     - logprobs are 0 off the mask and finite (or NaN for a scripted policy) on it;
-    - each turn's reward sits on its last generated token and nowhere else is rewarded;
+    - each turn's reward sits on its last generated token (its appended end of turn if it generated
+      nothing) and nowhere else is rewarded;
     - pad-token runs are the placeholders, one per image, each ``prod(grid) / merge_size²`` long,
       and ``pixel_values`` has ``sum(prod(grid))`` rows.
     """
@@ -36,7 +37,7 @@ def check_trajectory(traj, *, image_pad_id: int, merge_size: int = 2) -> None:
         n_gen = span.gen_end - span.gen_start - span.eos_appended
         for i in range(span.gen_start, span.gen_start + n_gen):
             want_mask[i - n_prompt] = 1
-        want_rewards[span.gen_start + n_gen - 1 - n_prompt] += span.reward
+        want_rewards[span.gen_start + max(n_gen, 1) - 1 - n_prompt] += span.reward
     if list(traj.loss_mask) != want_mask:
         at = next(i for i, (a, b) in enumerate(zip(traj.loss_mask, want_mask)) if a != b)
         fail(f"loss mask is {traj.loss_mask[at]} at response token {at}, expected {want_mask[at]}")

@@ -82,8 +82,10 @@ class _Seq:
         gen_start = len(self)
         self.extend(turn.tokens, [1] * n_gen + [0] * turn.eos_appended,
                     [float(x) for x in turn.gen.logprobs] + [0.0] * turn.eos_appended)
-        if n_gen:  # the turn's reward sits on its last generated token
-            self.rewards[gen_start - len(self.prompt_ids) + n_gen - 1] = turn.reward
+        # The turn's reward sits on its last generated token (on the appended end of turn when a
+        # stop string cut the reply to nothing; the episode return is the same either way).
+        if turn.tokens:
+            self.rewards[gen_start - len(self.prompt_ids) + max(n_gen, 1) - 1] = turn.reward
         self.spans.append(TurnSpan(index=k, obs_start=obs_start, gen_start=gen_start, gen_end=len(self),
                                    reward=turn.reward, finish_reason=turn.gen.finish_reason,
                                    eos_appended=turn.eos_appended, text=turn.text,
@@ -117,7 +119,7 @@ class EpisodeRunner:
             return await self._run_steps(env, messages, render, policy, spec)
         seq = _Seq(prompt_ids=render.token_ids, render=render, placeholders=render.placeholders)
         out = _Outcome()
-        obs_start = 0
+        obs_start, pending = 0, []
         for k in range(spec.max_turns):
             if len(seq) >= spec.max_context:
                 out.stop = "length"
@@ -127,13 +129,16 @@ class EpisodeRunner:
                 break
             result = self._step(env, turn, out)
             seq.add_turn(k, turn, obs_start)
+            assistant = {"role": "assistant", "content": turn.text}
+            pending = [assistant]
             if result is None or self._ended(result, k, spec, out):
                 break
-            messages = messages + [{"role": "assistant", "content": turn.text}] + list(result.observations)
             obs_start = len(seq)
-            if not self._extend(seq, messages, turn.text, k, spec, out):
+            if not self._extend(seq, messages + [assistant] + list(result.observations), turn.text, k, spec, out):
                 break
-        return [_trajectory(spec.uid, spec, seq, out, messages)]
+            messages, pending = messages + [assistant] + list(result.observations), []
+        # The trajectory's conversation holds what its tokens hold (a dropped observation is left out).
+        return [_trajectory(spec.uid, spec, seq, out, messages + pending)]
 
     # ------------------------------------------------------------------ pieces of a turn
 

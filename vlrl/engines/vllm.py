@@ -1,0 +1,191 @@
+"""The vLLM engine: token-in/token-out ``POST /inference/v1/generate`` on one or more servers.
+
+**Prompts**: ``token_ids`` as given; each image's offset and length from ``prompt.placeholders``
+(never from the render payload), its processed tensors from ``prompt.engine_features`` (made by
+:class:`vlrl.render.vllm.VllmRenderer`). A rollout may therefore splice token histories and shift
+placeholders with ``dataclasses.replace``; the engine checks each range still covers image pads.
+
+**Logprobs** (contract in ``engines.types``): servers run with ``--logprobs-mode
+processed_logprobs``: vLLM reports ``log_softmax`` of the fp32 logits *after* temperature and
+after its logits processing, which is the contract's ``log_softmax(raw / T)`` at any T — unlike
+the default ``raw_logprobs``, which ignores T (right only at T = 1). Two things follow:
+
+- top-k / top-p / min-p: vLLM's processed logprobs are renormalised over the truncated set, and no
+  mode reports pre-truncation logprobs at T != 1. Requests with truncation are refused
+  (``ValueError``) unless the engine is built with ``allow_truncation=True``, in which case
+  logprobs are vLLM's truncated ones and ``Generation.meta["logprobs"] == "truncated"``.
+- vision placeholder tokens are banned through ``bad_words`` (vLLM masks them to -inf before
+  temperature), so the reported logprob is normalised over the non-vision vocabulary: it exceeds
+  the contract by ``-log(1 - p_vision)``, ``p_vision`` the contract probability of the five vision
+  tokens. Tiny random models: ~3e-5 (measured in tests/vllm); trained models put ~0 mass there.
+
+**Stops** follow the embedded engine: stop strings end generation at the token that completes
+them; with ``include_stop_str_in_output=False`` the output is cut back to the whole tokens that
+end before the stop string (vLLM is asked to keep them; the cut is made here, with the same
+tokenizer rule). ``stop_reason`` is the stop string, the stop token id, or the eos id.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from vlrl.engines.types import Generation, SamplingParams
+from vlrl.engines.vllm_client import ClientConfig, VllmClient, require
+from vlrl.engines.vllm_server import VllmServerError
+from vlrl.errors import BadInputError, ContextOverflowError
+from vlrl.models.tokenizer import VISION_TOKENS
+from vlrl.render.types import RenderedPrompt
+
+GENERATE = "/inference/v1/generate"
+
+
+class VllmEngine:
+    """:class:`vlrl.engines.types.Engine` over vLLM servers (round-robin, or sticky by ``route_key``)."""
+
+    def __init__(self, client: VllmClient | str | Sequence[str], tokenizer, *, model: str = "vlrl",
+                 max_context: int = 4096, eos_ids: Sequence[int] = (), model_dir: str | None = None,
+                 allow_truncation: bool = False):
+        self.client = client if isinstance(client, VllmClient) else VllmClient(client)
+        self.tokenizer = tokenizer
+        self.model = model
+        self.max_context = max_context
+        self.eos_ids = tuple(eos_ids)
+        self.model_dir = model_dir
+        self.allow_truncation = allow_truncation
+        self.image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+        self.banned_ids = tuple(tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS)
+        self.weight_version = 0
+        self._writer = None
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, client: VllmClient | str | Sequence[str], *,
+                        max_context: int = 4096, config: ClientConfig = ClientConfig(), **kwargs) -> "VllmEngine":
+        from transformers import AutoTokenizer, GenerationConfig
+
+        if not isinstance(client, VllmClient):
+            client = VllmClient(client, config)
+        tok = AutoTokenizer.from_pretrained(str(path))
+        try:
+            eos = GenerationConfig.from_pretrained(str(path)).eos_token_id
+        except OSError:
+            eos = None
+        eos = tok.eos_token_id if eos is None else eos
+        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+        return cls(client, tok, max_context=max_context, eos_ids=eos_ids, model_dir=str(path), **kwargs)
+
+    # ------------------------------------------------------------------ generate
+
+    def generate(self, prompts: Sequence[RenderedPrompt], params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
+                 *, route_keys: Sequence[Any] | None = None) -> list[Generation]:
+        """Generate for every prompt, concurrently (the server batches them); results in prompt order."""
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        keys = route_keys or [None] * len(prompts)
+        futures = [self.client.submit(self._agenerate(p, sp, k)) for p, sp, k in zip(prompts, params, keys)]
+        return [f.result() for f in futures]
+
+    async def agenerate(self, prompt: RenderedPrompt, params: SamplingParams = SamplingParams(), *,
+                        route_key: Any = None) -> Generation:
+        """One request from any event loop. ``route_key`` (e.g. a trajectory id) pins a server."""
+        return await self.client.arun(self._agenerate(prompt, params, route_key))
+
+    async def _agenerate(self, prompt: RenderedPrompt, params: SamplingParams, route_key: Any) -> Generation:
+        body = self.request_body(prompt, params)
+        url = self.client.pick(route_key)
+        data = await self.client.post(url, GENERATE, body, what="generate")
+        return self._generation(data, prompt, params, url + GENERATE)
+
+    def request_body(self, prompt: RenderedPrompt, params: SamplingParams) -> dict:
+        n = len(prompt.token_ids)
+        if n == 0:
+            raise ValueError("empty prompt")
+        if n >= self.max_context:
+            raise ContextOverflowError(n, self.max_context)
+        bad = set(self.banned_ids).intersection(params.stop_token_ids)
+        if bad:
+            raise ValueError(f"stop_token_ids {sorted(bad)} are vision placeholder ids, which are never sampled")
+        truncated = params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0
+        if truncated and params.temperature > 0 and not self.allow_truncation:
+            raise ValueError("top_k/top_p/min_p: vLLM reports logprobs renormalised after truncation, which breaks "
+                             "the logprob contract; build VllmEngine(allow_truncation=True) to accept that")
+        sp = {"temperature": float(params.temperature), "top_p": float(params.top_p), "top_k": int(params.top_k),
+              "min_p": float(params.min_p), "max_tokens": min(params.max_tokens, self.max_context - n),
+              "seed": params.seed, "stop": list(params.stop), "stop_token_ids": list(params.stop_token_ids),
+              "ignore_eos": params.ignore_eos, "include_stop_str_in_output": True, "logprobs": 0,
+              "detokenize": bool(params.stop), "skip_special_tokens": True, "bad_words": list(VISION_TOKENS)}
+        return {"model": self.model, "token_ids": list(prompt.token_ids), "features": self._features(prompt),
+                "sampling_params": sp, "output_mode": "tokens"}
+
+    def _features(self, prompt: RenderedPrompt) -> dict | None:
+        if not prompt.n_images:
+            return None
+        feats = prompt.engine_features
+        if len(feats) != prompt.n_images or not all(hasattr(f, "kwargs_data") for f in feats):
+            raise BadInputError(f"prompt has {prompt.n_images} images but {len(feats)} vLLM image payloads in "
+                                "engine_features: render it with VllmRenderer")
+        for k, p in enumerate(prompt.placeholders):
+            run = prompt.token_ids[p.offset:p.offset + p.length]
+            if len(run) != p.length or any(t != self.image_token_id for t in run):
+                raise BadInputError(f"placeholder {k} ({p.offset}, {p.length}) does not cover a run of <|image_pad|> "
+                                    "tokens in token_ids (was the prompt spliced without shifting placeholders?)")
+        return {"mm_hashes": {"image": [f.mm_hash for f in feats]},
+                "mm_placeholders": {"image": [{"offset": p.offset, "length": p.length} for p in prompt.placeholders]},
+                "kwargs_data": {"image": [f.kwargs_data for f in feats]},
+                "mm_metadata": {"image": [f.metadata for f in feats]}}
+
+    def _generation(self, data: dict, prompt: RenderedPrompt, params: SamplingParams, target: str) -> Generation:
+        choices = require(data, "choices", list, target)
+        if len(choices) != 1 or not isinstance(choices[0], dict):
+            raise VllmServerError(f"{target} answered garbage: {len(choices)} choices, expected 1")
+        c = choices[0]
+        ids = [int(t) for t in require(c, "token_ids", list, target)]
+        content = (c.get("logprobs") or {}).get("content")
+        if not isinstance(content, list) or len(content) != len(ids) or any(e.get("token_id") != t for e, t in zip(content, ids)):
+            raise VllmServerError(f"{target} answered garbage: logprobs do not match the {len(ids)} generated tokens")
+        lps = [float(e["logprob"]) for e in content]
+        reason, stop_reason = c.get("finish_reason"), c.get("stop_reason")
+        if reason not in ("stop", "length"):
+            raise VllmServerError(f"{target}: generation ended with finish_reason {reason!r} (aborted by the server?)")
+        if reason == "stop" and stop_reason is None and ids:
+            stop_reason = ids[-1]  # eos, reported like the embedded engine
+        if isinstance(stop_reason, str) and not params.include_stop_str_in_output:
+            ids, lps = self._cut_before_stop(ids, lps, stop_reason)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        meta = {"server": target.rsplit(GENERATE, 1)[0]}
+        if params.temperature > 0 and (params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0):
+            meta["logprobs"] = "truncated"
+        return Generation(token_ids=tuple(ids), logprobs=tuple(lps), finish_reason=reason, stop_reason=stop_reason,
+                          text=text, weight_version=self._version(c), prompt_len=len(prompt.token_ids), meta=meta)
+
+    def _cut_before_stop(self, ids: list[int], lps: list[float], stop: str) -> tuple[list[int], list[float]]:
+        at = self.tokenizer.decode(ids, skip_special_tokens=True).find(stop)
+        while ids and at >= 0 and len(self.tokenizer.decode(ids, skip_special_tokens=True)) > at:
+            ids, lps = ids[:-1], lps[:-1]
+        return ids, lps
+
+    def _version(self, choice: dict) -> int:
+        spans = choice.get("weight_versions") or []
+        try:
+            return int(spans[-1]["version"]) if spans else self.weight_version
+        except (KeyError, TypeError, ValueError):
+            return self.weight_version  # "default": the checkpoint the server started with
+
+    # ------------------------------------------------------------------ weights
+
+    def update_weights(self, named_tensors, version: int | None = None, *, reference_model=None) -> int:
+        from vlrl.engines.vllm_sync import sync_weights
+
+        return sync_weights(self, named_tensors, version, reference_model=reference_model)
+
+    def probe_logprobs(self, token_ids: Sequence[int], *, url: str | None = None) -> list[float]:
+        """Server logprobs (T = 1) of ``token_ids[1:]`` given their prefixes (text only; one prefill)."""
+        from vlrl.engines.vllm_sync import probe_logprobs
+
+        return self.client.run(probe_logprobs(self, list(token_ids), url or self.client.urls[0]))
+
+    def close(self) -> None:
+        self.client.close()
+

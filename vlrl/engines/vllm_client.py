@@ -1,0 +1,167 @@
+"""HTTP to one or more vLLM servers: a pooled async client on its own event-loop thread.
+
+Every request, from any thread or event loop, runs on one private loop that owns one
+``httpx.AsyncClient`` (one connection pool), so sync callers (``generate``) and async callers
+(``agenerate`` in the rollout's loop) share the pool and the server sees concurrent requests it
+can batch. Failures become :class:`VllmServerError` naming the URL and what went wrong:
+
+- connection refused / reset, 502/503/504, timeouts: retried ``retries`` times with exponential
+  backoff (token-in/token-out generation with a seed is deterministic, so a retry is safe), then
+  raised — a dead server gives an error within seconds, never a hang;
+- other 4xx: :class:`BadInputError` with the server's message (not retried);
+- a body that is not the JSON object expected: "answered garbage".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Coroutine, Sequence
+
+from vlrl.engines.vllm_server import VllmServerError
+from vlrl.errors import BadInputError
+
+_RETRY_STATUS = frozenset({502, 503, 504})
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    timeout_s: float = 120.0
+    """Per-request read timeout (a generation of max_tokens must finish within it)."""
+    connect_timeout_s: float = 5.0
+    retries: int = 3
+    backoff_s: float = 0.25
+    """First retry after backoff_s, then 2x, 4x, ..."""
+    max_connections: int = 64
+
+
+class VllmClient:
+    """POST JSON to servers ``urls[i]``; ``pick(key)`` routes round-robin or by a sticky key."""
+
+    def __init__(self, urls: str | Sequence[str], config: ClientConfig = ClientConfig()):
+        self.urls = (urls,) if isinstance(urls, str) else tuple(urls)
+        if not self.urls:
+            raise ValueError("VllmClient needs at least one server URL")
+        self.urls = tuple(u.rstrip("/") for u in self.urls)
+        self.config = config
+        self._rr = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ routing
+
+    def pick(self, key: Any = None) -> str:
+        """A server URL: the next in round-robin order, or a fixed one per ``key`` (e.g. a trajectory id)."""
+        if len(self.urls) == 1:
+            return self.urls[0]
+        if key is None:
+            return self.urls[next(self._rr) % len(self.urls)]
+        import zlib
+
+        return self.urls[zlib.crc32(repr(key).encode()) % len(self.urls)]
+
+    # ------------------------------------------------------------------ loop
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="vlrl-vllm-client", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    def submit(self, coro: Coroutine) -> Future:
+        """Run ``coro`` on the client's loop; a concurrent Future."""
+        return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
+
+    def run(self, coro: Coroutine):
+        return self.submit(coro).result()
+
+    async def arun(self, coro: Coroutine):
+        """Await ``coro`` (run on the client's loop) from any other event loop."""
+        return await asyncio.wrap_future(self.submit(coro))
+
+    def close(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        client, self._client = self._client, None
+        if client is not None:
+            asyncio.run_coroutine_threadsafe(client.aclose(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+
+    def _http(self):
+        if self._client is None:  # created on the client's loop, used only there
+            import httpx
+
+            c = self.config
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(c.timeout_s, connect=c.connect_timeout_s),
+                limits=httpx.Limits(max_connections=c.max_connections, max_keepalive_connections=c.max_connections))
+        return self._client
+
+    # ------------------------------------------------------------------ requests (on the client's loop)
+
+    async def post(self, url: str, path: str, body: dict, *, what: str) -> dict:
+        """POST ``body`` to ``url + path``; the JSON object answered, or a vlrl error naming ``what``."""
+        import httpx
+
+        c, target = self.config, f"{url}{path}"
+        last = ""
+        for attempt in range(c.retries + 1):
+            if attempt:
+                await asyncio.sleep(c.backoff_s * 2 ** (attempt - 1))
+            try:
+                resp = await self._http().post(target, json=body)
+            except httpx.TimeoutException as exc:
+                last = f"no answer within the timeout ({type(exc).__name__}, read timeout {c.timeout_s:g} s)"
+                continue
+            except httpx.TransportError as exc:
+                last = f"server unreachable or connection lost ({type(exc).__name__}: {exc})"
+                continue
+            if resp.status_code in _RETRY_STATUS:
+                last = f"HTTP {resp.status_code}: {resp.text[:300]}"
+                continue
+            return self._decode(resp, target, what)
+        raise VllmServerError(f"{what}: POST {target} failed after {c.retries + 1} attempts: {last}")
+
+    @staticmethod
+    def _decode(resp, target: str, what: str) -> dict:
+        if 400 <= resp.status_code < 500:
+            raise BadInputError(f"{what}: the vLLM server at {target} refused the request "
+                                f"(HTTP {resp.status_code}): {_server_message(resp)}")
+        if resp.status_code != 200:
+            raise VllmServerError(f"{what}: POST {target} answered HTTP {resp.status_code}: {resp.text[:500]}")
+        try:
+            data = resp.json()
+        except ValueError:
+            raise VllmServerError(f"{what}: POST {target} answered garbage (not JSON): {resp.text[:200]!r}") from None
+        if not isinstance(data, dict):
+            raise VllmServerError(f"{what}: POST {target} answered garbage (a {type(data).__name__}, not an object)")
+        return data
+
+
+def _server_message(resp) -> str:
+    try:
+        data = resp.json()
+    except ValueError:
+        return resp.text[:500]
+    if isinstance(data, dict):
+        err = data.get("error", data.get("detail", data))
+        if isinstance(err, dict):
+            return str(err.get("message", err))[:1000]
+        return str(err)[:1000]
+    return str(data)[:500]
+
+
+def require(data: dict, key: str, kind: type | tuple[type, ...], target: str):
+    """``data[key]`` if present with type ``kind``; else the 'answered garbage' error."""
+    value = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(value, kind):
+        raise VllmServerError(f"{target} answered garbage: field {key!r} is {type(value).__name__}, "
+                              f"expected {getattr(kind, '__name__', kind)}")
+    return value

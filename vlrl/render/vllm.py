@@ -1,0 +1,165 @@
+"""The vLLM renderer: ``POST /v1/chat/completions/render`` on a vLLM server.
+
+vLLM tokenises and preprocesses images itself; this renderer keeps its answer as the source of
+truth and only decodes it into a :class:`RenderedPrompt`:
+
+- ``token_ids`` and ``placeholders`` exactly as the server rendered them (placeholders are checked
+  to cover runs of ``<|image_pad|>``);
+- ``pixel_values`` / ``image_grid_thw`` decoded from the per-image payloads. The server runs with
+  ``--no-mm-device-do-normalize`` (see ``vllm_server``), so these are already normalised float32,
+  bit-identical to the HF processor's — no client-side normalisation, nothing to keep in sync;
+- ``engine_features``: one :class:`VllmImageFeature` per image (the payload passed back to
+  generate untouched);
+- ``image_hashes``: ``vlrl.messages.image_hash`` of the locally decoded images (as embedded);
+- ``text``: the decoded tokens with each image's pad run folded back to one ``<|image_pad|>``
+  (the chat template's text, as the embedded renderer reports it).
+
+Bad input is refused locally first (same checks and messages as the embedded renderer), and a
+400 from the server becomes :class:`BadInputError` with the server's message.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from vlrl.engines.vllm_client import VllmClient, require
+from vlrl.errors import BadInputError
+from vlrl.messages import IMAGE_PART_TYPES, ImageLimits, image_hash, load_image, validate_messages
+from vlrl.render.embedded import RESERVED_IN_TEXT
+from vlrl.render.types import PlaceholderRange, RenderedPrompt
+
+IMAGE_PAD = "<|image_pad|>"
+
+
+@dataclass(frozen=True)
+class VllmImageFeature:
+    """What vLLM's generate needs for one image, exactly as render returned it (never re-encoded)."""
+
+    kwargs_data: str
+    """base64 msgpack ``MultiModalKwargsItem`` (pixel_values, image_grid_thw)."""
+    metadata: str | None
+    mm_hash: str
+    """vLLM's own hash of the processed item (its multimodal cache key)."""
+
+
+class VllmRenderer:
+    """``render(messages) -> RenderedPrompt`` through a vLLM server."""
+
+    def __init__(self, client: VllmClient | str, tokenizer, *, model: str = "vlrl",
+                 limits: ImageLimits = ImageLimits()):
+        self.client = VllmClient(client) if isinstance(client, str) else client
+        self.tokenizer = tokenizer
+        self.model = model
+        self.limits = limits
+        self.image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, client: VllmClient | str, **kwargs) -> "VllmRenderer":
+        """Tokenizer (for ``text`` only) from the checkpoint the server serves."""
+        from transformers import AutoTokenizer
+
+        return cls(client, AutoTokenizer.from_pretrained(str(path)), **kwargs)
+
+    def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True,
+               tools: Sequence[dict[str, Any]] | None = None, route_key: Any = None) -> RenderedPrompt:
+        return self.client.run(self.arender(messages, add_generation_prompt=add_generation_prompt,
+                                            tools=tools, route_key=route_key))
+
+    async def arender(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True,
+                      tools: Sequence[dict[str, Any]] | None = None, route_key: Any = None) -> RenderedPrompt:
+        messages = list(messages)
+        images = self._check(messages)
+        body: dict[str, Any] = {"model": self.model, "messages": messages,
+                                "add_generation_prompt": add_generation_prompt,
+                                "continue_final_message": False}
+        if tools:
+            body["tools"] = list(tools)
+            body["tool_choice"] = "none"  # render only: no tool parser needed server-side
+        url = self.client.pick(route_key)
+        data = await self.client.post(url, "/v1/chat/completions/render", body, what="render")
+        return self._decode(data, images, f"{url}/v1/chat/completions/render")
+
+    def _check(self, messages: list[dict[str, Any]]) -> list:
+        """Validate like the embedded renderer; returns the decoded images in order."""
+        validate_messages(messages)
+        images = []
+        for mi, msg in enumerate(messages):
+            content = msg.get("content")
+            parts = [(None, content)] if isinstance(content, str) else enumerate(content or [])
+            for pi, part in parts:
+                if isinstance(part, str):
+                    text = part
+                elif part["type"] in IMAGE_PART_TYPES:
+                    images.append(load_image(part, message_index=mi, part_index=pi, limits=self.limits))
+                    continue
+                else:
+                    text = part["text"]
+                for token in RESERVED_IN_TEXT:
+                    if token in text:
+                        raise BadInputError(f"text contains the reserved vision token {token!r}; images must be "
+                                            "image parts, not placeholder text", message_index=mi, part_index=pi)
+        return images
+
+    def _decode(self, data: dict, images: list, target: str) -> RenderedPrompt:
+        ids = tuple(int(t) for t in require(data, "token_ids", list, target))
+        feats = data.get("features") or {}
+        placeholders = self._placeholders(feats, ids, len(images), target)
+        payloads = feats.get("kwargs_data") or {}
+        pixels = grid = None
+        engine_features: tuple[VllmImageFeature, ...] = ()
+        if images:
+            items = payloads.get("image") or []
+            hashes = (feats.get("mm_hashes") or {}).get("image") or []
+            metas = ((feats.get("mm_metadata") or {}).get("image")) or [None] * len(items)
+            if len(items) != len(images) or len(hashes) != len(images) or any(not isinstance(x, str) for x in items):
+                raise VllmServerGarbage(f"{target}: {len(images)} images but {len(items)} image payloads")
+            pixels, grid = decode_pixels(items)
+            engine_features = tuple(VllmImageFeature(k, m, h) for k, m, h in zip(items, metas, hashes))
+        text = self._text(ids, placeholders)
+        return RenderedPrompt(token_ids=ids, pixel_values=pixels, image_grid_thw=grid, placeholders=placeholders,
+                              image_hashes=tuple(image_hash(im) for im in images), text=text,
+                              engine_features=engine_features)
+
+    def _placeholders(self, feats: dict, ids: tuple[int, ...], n_images: int, target: str):
+        spans = (feats.get("mm_placeholders") or {}).get("image") or []
+        if len(spans) != n_images:
+            raise VllmServerGarbage(f"{target}: {n_images} images but {len(spans)} placeholder ranges")
+        out = tuple(PlaceholderRange(int(s["offset"]), int(s["length"])) for s in spans)
+        for k, p in enumerate(out):
+            run = ids[p.offset:p.offset + p.length]
+            if len(run) != p.length or any(t != self.image_token_id for t in run):
+                raise VllmServerGarbage(f"{target}: placeholder {k} {p} does not cover a run of {IMAGE_PAD}")
+        return out
+
+    def _text(self, ids: tuple[int, ...], placeholders: tuple[PlaceholderRange, ...]) -> str:
+        folded, prev = [], 0
+        for p in placeholders:  # one pad per image, as the chat template writes it
+            folded += ids[prev:p.offset + 1]
+            prev = p.offset + p.length
+        folded += ids[prev:]
+        return self.tokenizer.decode(folded, skip_special_tokens=False)
+
+
+def decode_pixels(items: Sequence[str]):
+    """Per-image payloads -> (``pixel_values`` ``[n_patches, C*t*p*p]`` fp32, ``image_grid_thw`` ``[n, 3]`` int64)."""
+    import torch
+    from vllm.entrypoints.scale_out.token_in_token_out.mm_serde import decode_mm_kwargs_item
+
+    pixels, grids = [], []
+    for item in items:
+        data = decode_mm_kwargs_item(item).get_data()
+        pv = data["pixel_values"]
+        if pv.dtype != torch.float32:
+            raise VllmServerGarbage("render returned non-float pixel_values (dtype "
+                                    f"{pv.dtype}): start the server with --no-mm-device-do-normalize")
+        pixels.append(pv.clone())
+        grids.append(data["image_grid_thw"].reshape(-1, 3).to(torch.int64))
+    return torch.cat(pixels), torch.cat(grids)
+
+
+def VllmServerGarbage(what: str):
+    from vlrl.engines.vllm_server import VllmServerError
+
+    return VllmServerError(f"render answered garbage: {what}")
