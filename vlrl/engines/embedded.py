@@ -10,7 +10,6 @@ sampled. New weights arrive in memory between batches (:meth:`update_weights`).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import queue
 import threading
@@ -145,9 +144,7 @@ class EmbeddedEngine:
 
     def weights_checksum(self) -> str:
         """sha256 over every parameter's name and bytes (to verify a weight sync)."""
-        h = hashlib.sha256()
+        from vlrl.models.checksum import weights_checksum
+
         with self._lock:
-            for name, p in sorted(self.model.named_parameters()):
-                h.update(name.encode())
-                h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
-        return h.hexdigest()
+            return weights_checksum(self.model.named_parameters())

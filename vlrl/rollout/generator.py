@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import hashlib
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -24,8 +24,9 @@ from vlrl.rollout.scripted import ScriptedPolicy, Scorer
 from vlrl.rollout.splice import refuse_history_rewrites
 from vlrl.rollout.types import Trajectory
 
-Script = Callable[[Any, Mapping[str, Any]], Sequence[str]]
-"""``(env after init, row) -> assistant texts``: a scripted (expert) episode instead of sampling."""
+Script = Callable[[Any, Mapping[str, Any]], Iterable[str]]
+"""``(env after init, row) -> assistant texts`` (an iterable, read turn by turn, so an expert may
+look at the env as the episode goes): a scripted episode instead of sampling."""
 
 
 @dataclass(frozen=True)

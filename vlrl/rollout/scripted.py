@@ -10,7 +10,7 @@ is given (NaN, not 0: a scripted trajectory fed to a policy-gradient loss by mis
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from vlrl.engines.types import Generation, SamplingParams
 from vlrl.errors import VlrlError
@@ -36,8 +36,8 @@ def _apply_stop(text: str, params: SamplingParams) -> tuple[str, str | None]:
 class ScriptedPolicy:
     """``agenerate(prompt, params)`` returning the next scripted text as a :class:`Generation`."""
 
-    def __init__(self, texts: Sequence[str], tokenizer, *, max_context: int, scorer: Scorer | None = None):
-        self._texts: Iterator[str] = iter(list(texts))
+    def __init__(self, texts: Iterable[str], tokenizer, *, max_context: int, scorer: Scorer | None = None):
+        self._texts: Iterator[str] = iter(texts)  # lazy: an expert may read the env as the episode goes
         self.tokenizer = tokenizer
         self.max_context = max_context
         self.scorer = scorer
