@@ -1,0 +1,178 @@
+"""One self-contained HTML report for a training run directory (``vlrl report RUN_DIR``).
+
+Every image is an inline ``data:image/png`` URI and there is no script, stylesheet or font from
+elsewhere, so the file can be mailed, attached to CI or opened offline. Every input file is
+optional (see :mod:`vlrl.report.runfiles`): the report of a run that is still going shows what is
+there so far.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from vlrl.report import plots
+from vlrl.report.runfiles import RunFiles, read_run
+from vlrl.report.strips import strip_html
+
+MAX_SAMPLE_STEPS = 3
+"""Sample steps shown: the first (before training) and the last ones."""
+MAX_SAMPLES_PER_STEP = 4
+
+_CSS = """body{font-family:system-ui,sans-serif;margin:20px;max-width:1200px;color:#222}
+h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:3px;margin-top:28px}
+table.kv td{padding:2px 12px 2px 0}table.kv td:first-child{color:#666}
+.pass{color:#fff;background:#2a7;padding:2px 8px;border-radius:3px}
+.fail{color:#fff;background:#c33;padding:2px 8px;border-radius:3px}
+.warn{color:#a60}.figs img{margin:4px;border:1px solid #eee}pre{background:#f6f6f6;padding:8px;overflow-x:auto}"""
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write the report of ``run_dir`` to ``out`` (default ``<run_dir>/report.html``) and return its path."""
+    run = read_run(run_dir)
+    path = Path(out) if out is not None else run.root / "report.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(report_html(run), encoding="utf-8")
+    return path
+
+
+def report_html(run: RunFiles) -> str:
+    sections = [_header(run), _curves(run), _drift(run), _samples(run), _config(run)]
+    body = "".join(s for s in sections if s)
+    title = html.escape(f"vlrl run {run.root.name}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{_CSS}</style>"
+            f"</head><body><h1>{title}</h1>{body}</body></html>")
+
+
+def figures(run: RunFiles) -> dict[str, bytes]:
+    """The report's PNG figures by name (reused by the pytest-html extras)."""
+    last = run.agreement[-1] if run.agreement else {}
+    made = {"reward": plots.reward_curve(run), "loss": plots.loss_curve(run),
+            "drift": plots.drift_curve(run), "drift histogram": plots.drift_histogram(last)}
+    return {name: png for name, png in made.items() if png}
+
+
+def sample_strips(run: RunFiles, max_steps: int = MAX_SAMPLE_STEPS,
+                  per_step: int = MAX_SAMPLES_PER_STEP) -> list[tuple[int, list[str]]]:
+    """``[(step, [strip html, ...])]`` for the first and last sample steps, capped."""
+    steps = list(run.samples)
+    if len(steps) > max_steps:
+        steps = steps[:1] + steps[-(max_steps - 1):] if max_steps > 1 else steps[-1:]
+    return [(step, [strip_html(rec) for rec in run.samples[step][:per_step]]) for step in steps]
+
+
+def png_img(png: bytes, alt: str) -> str:
+    return f"<img alt='{html.escape(alt)}' src='data:image/png;base64,{base64.b64encode(png).decode('ascii')}'>"
+
+
+# ---------------------------------------------------------------- sections
+
+
+def _header(run: RunFiles) -> str:
+    s = run.summary or {}
+    rows = []
+    if "passed" in s:
+        badge = "<span class='pass'>PASS</span>" if s["passed"] else "<span class='fail'>FAIL</span>"
+        rows.append(("result", badge))
+    if "eval_before" in s or "eval_after" in s:
+        rows.append(("eval reward", f"{_fmt(s.get('eval_before'))} → <b>{_fmt(s.get('eval_after'))}</b>"))
+    steps = s.get("steps", _last(run, "step"))
+    rows.append(("steps", _fmt(steps)))
+    seconds = s.get("seconds", _last(run, "time"))
+    rows.append(("time", f"{_fmt(seconds)} s" if _is_num(seconds) else "?"))
+    shown = {"passed", "eval_before", "eval_after", "steps", "seconds"}
+    rows += [(k, html.escape(_short(v))) for k, v in s.items() if k not in shown]
+    if run.summary is None:
+        rows.append(("summary", "<span class='warn'>no summary.json (run still going, or it stopped early)</span>"))
+    rows += [("warning", f"<span class='warn'>{html.escape(w)}</span>") for w in run.warnings]
+    if run.empty:
+        rows.append(("note", "<span class='warn'>nothing to report: no run files found</span>"))
+    table = "".join(f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>" for k, v in rows)
+    return f"<table class='kv'>{table}</table>{_latest(run)}"
+
+
+def _latest(run: RunFiles) -> str:
+    """The last RL (or SFT) metrics line, so the numbers behind the curves' ends are readable."""
+    for phase in ("rl", "sft"):
+        rows = run.phase(phase)
+        if rows:
+            items = " · ".join(f"{html.escape(k)} {_fmt(v)}" for k, v in rows[-1].items() if k != "phase")
+            return f"<p style='font-size:13px'>last {phase} step: {items}</p>"
+    return ""
+
+
+def _curves(run: RunFiles) -> str:
+    imgs = [png_img(png, name) for name, png in (("reward", plots.reward_curve(run)), ("loss", plots.loss_curve(run))) if png]
+    body = "".join(imgs) or "<p class='warn'>no metrics yet (metrics.jsonl missing or empty)</p>"
+    return f"<h2>Reward and loss</h2><div class='figs'>{body}</div>"
+
+
+def _drift(run: RunFiles) -> str:
+    if not run.agreement:
+        return "<h2>Logprob drift</h2><p class='warn'>no agreement.jsonl</p>"
+    last = run.agreement[-1]
+    imgs = [png_img(p, n) for n, p in (("drift", plots.drift_curve(run)), ("histogram", plots.drift_histogram(last))) if p]
+    breached = [r.get("step") for r in run.agreement if r.get("breached")]
+    note = (f"<p class='warn'>bound breached at step(s) {html.escape(_short(breached))}</p>" if breached
+            else f"<p>within bound at all {len(run.agreement)} logged step(s)</p>")
+    return f"<h2>Logprob drift (rollout vs trainer)</h2>{note}<div class='figs'>{''.join(imgs)}</div>{_turn_table(last)}"
+
+
+def _turn_table(row: dict[str, Any]) -> str:
+    turns = [t for t in row.get("turns") or [] if isinstance(t, dict)]
+    if not turns:
+        return ""
+    cells = "".join(f"<tr><td>{_fmt(t.get('turn'))}</td><td>{_fmt(t.get('max_abs'))}</td><td>{_fmt(t.get('mean_abs'))}</td></tr>"
+                    for t in turns)
+    return (f"<p style='font-size:13px'>per turn at step {_fmt(row.get('step'))}:</p><table class='kv'>"
+            f"<tr><td>turn</td><td>max |Δ|</td><td>mean |Δ|</td></tr>{cells}</table>")
+
+
+def _samples(run: RunFiles) -> str:
+    if not run.samples:
+        return "<h2>Rollouts</h2><p class='warn'>no samples/</p>"
+    parts = []
+    for step, strips in sample_strips(run):
+        n = len(run.samples[step])
+        more = f" (showing {len(strips)} of {n})" if n > len(strips) else ""
+        parts.append(f"<h3>step {step}{more}</h3>" + "".join(strips))
+    hidden = len(run.samples) - len(parts)
+    note = f"<p>{hidden} other sample step(s) not shown</p>" if hidden > 0 else ""
+    return f"<h2>Rollouts</h2>{note}{''.join(parts)}"
+
+
+def _config(run: RunFiles) -> str:
+    if run.config_text is None:
+        return ""
+    return f"<h2>Config</h2><details><summary>config.toml</summary><pre>{html.escape(run.config_text)}</pre></details>"
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def _last(run: RunFiles, key: str) -> Any:
+    values = [m[key] for m in run.metrics if _is_num(m.get(key))]
+    return max(values) if values else None
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, bool) or x is None:
+        return "?" if x is None else str(x)
+    if isinstance(x, int):
+        return str(x)
+    if isinstance(x, float):
+        return f"{x:.4g}" if math.isfinite(x) else str(x)
+    return html.escape(_short(x))
+
+
+def _short(v: Any, n: int = 200) -> str:
+    text = v if isinstance(v, str) else json.dumps(v, default=str)
+    return text if len(text) <= n else text[: n - 1] + "…"
