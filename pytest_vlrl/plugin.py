@@ -20,7 +20,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 # Plugin parts kept in their own modules (options, fixtures and hooks per concern). pytest imports
 # and registers them with this module, early enough for their own ``pytest_addoption``.
-pytest_plugins = ["pytest_vlrl.envs", "pytest_vlrl.golden", "pytest_vlrl.vllm", "pytest_vlrl.train"]
+pytest_plugins = ["pytest_vlrl.envs", "pytest_vlrl.golden", "pytest_vlrl.vllm", "pytest_vlrl.train", "pytest_vlrl.report"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
