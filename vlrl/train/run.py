@@ -1,0 +1,151 @@
+"""The parts of a training run, built from a :class:`TrainConfig`: model, engine, rollouts, data, logs.
+
+The trainer's model and the engine's are separate copies (as with a real inference server):
+after every optimizer step the weights are pushed to the engine and the sync is verified by
+checksum — never assumed.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from vlrl.checks.agreement import batch_agreement
+from vlrl.engines.types import SamplingParams
+from vlrl.models.checksum import weights_checksum
+from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
+from vlrl.rollout.io import write_jsonl
+from vlrl.train.batch import CollateSpec, collate
+from vlrl.train.checkpoint import RunState, latest_checkpoint, load_checkpoint, save_checkpoint
+from vlrl.train.config import TrainConfig
+from vlrl.train.metrics import RunLog
+from vlrl.train.trainer import Trainer
+
+
+class WeightSyncError(RuntimeError):
+    """The engine does not serve the trainer's weights after a sync."""
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+class Run:
+    def __init__(self, cfg: TrainConfig):
+        from vlrl.data.tickets import eval_seeds, make_rows, train_seeds
+        from vlrl.models.build import cached_model_dir
+        from vlrl.models.load import load_model
+
+        self.cfg = cfg
+        m = cfg.model
+        self.model_dir = Path(m.path) if m.path else cached_model_dir(m.arch, m.size, seed=m.seed)
+        self.model = load_model(self.model_dir, dtype=_dtype(m.dtype), device=m.device).train()
+        self.spec = CollateSpec.from_model(self.model)
+        self.renderer, self.engine, self._close_engine = self._inference_stack()
+        self.trainer = Trainer(self.model, cfg.algo, cfg.optim, ref_model=self._reference())
+        self.train_rows = make_rows(cfg.data.env, train_seeds(cfg.data.train_rows, cfg.run.seed), cfg.data.extras)
+        self.eval_rows = make_rows(cfg.data.env, eval_seeds(cfg.data.eval_rows), cfg.data.extras)
+        self.state = RunState()
+        self.log = RunLog(cfg.out_dir)
+
+    def _inference_stack(self):
+        if self.cfg.rollout.engine == "embedded":
+            from vlrl.engines.embedded import EmbeddedEngine
+            from vlrl.render.embedded import EmbeddedRenderer
+
+            engine = EmbeddedEngine(copy.deepcopy(self.model).eval(), self._tokenizer())
+            return EmbeddedRenderer.from_pretrained(self.model_dir), engine, lambda: None
+        if self.cfg.rollout.engine == "vllm":
+            from vlrl.engines.vllm_stack import vllm_stack
+
+            stack = vllm_stack(self.model_dir)
+            return stack.renderer, stack.engine, stack.close
+        raise ValueError(f"rollout.engine must be 'embedded' or 'vllm', got {self.cfg.rollout.engine!r}")
+
+    def _tokenizer(self):
+        from vlrl.models.load import load_processor
+
+        return load_processor(self.model_dir).tokenizer
+
+    def _reference(self):
+        if self.cfg.algo.kl_coef <= 0:
+            return None
+        ref = copy.deepcopy(self.model).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
+
+    # ------------------------------------------------------------------ data and rollouts
+
+    def next_rows(self, n: int) -> list:
+        rows = [self.train_rows[(self.state.data_position + i) % len(self.train_rows)] for i in range(n)]
+        self.state.data_position += n
+        return rows
+
+    def rollout(self, rows, *, seed: int, temperature: float | None = None, repeats: int | None = None,
+                script=None) -> list:
+        r = self.cfg.rollout
+        sampling = SamplingParams(temperature=r.temperature if temperature is None else temperature, top_p=r.top_p,
+                                  max_tokens=r.max_tokens, stop=tuple(r.stop))
+        config = RolloutConfig(sampling=sampling, repeats=r.repeats if repeats is None else repeats,
+                               max_turns=r.max_turns, mode=r.mode, seed=seed, progress=self.cfg.run.progress)
+        return RolloutGenerator(self.renderer, self.engine, config).run(rows, script=script)
+
+    def collate(self, trajectories):
+        usable = [t for t in trajectories if any(t.loss_mask)]
+        return collate(usable, self.spec) if usable else None
+
+    # ------------------------------------------------------------------ checks
+
+    def agreement(self, step: int, batch, old) -> dict:
+        """Rollout vs trainer logprobs on this step's batch; logged, and fatal if run.agreement == 'stop'."""
+        report = batch_agreement(batch, old, dtype=self.cfg.model.dtype)
+        mask = batch.loss_mask.bool()
+        row = self.log.agreement(step, report, (old.logprobs - batch.old_logprobs)[mask])
+        if report.breached and self.cfg.run.agreement == "stop":
+            report.raise_if_breached()
+        return row
+
+    def sync_weights(self) -> None:
+        """Push the trainer's weights to the engine, then verify the engine serves exactly them."""
+        self.state.weight_version += 1
+        named = [(n, p.detach()) for n, p in self.model.named_parameters()]
+        self.engine.update_weights(named, version=self.state.weight_version)
+        want = weights_checksum(named)
+        got = self.engine.weights_checksum()
+        if got != want:
+            raise WeightSyncError(f"after sync {self.state.weight_version} the engine's weights checksum is "
+                                  f"{got[:12]}…, the trainer's {want[:12]}…")
+
+    # ------------------------------------------------------------------ evaluation and checkpoints
+
+    def evaluate(self, step: int, label: str) -> float:
+        """Mean return over the fixed eval rows at the eval temperature (greedy by default)."""
+        trajs = self.rollout(self.eval_rows, seed=10_000_019, temperature=self.cfg.rollout.eval_temperature,
+                             repeats=1)
+        mean = sum(t.total_reward for t in trajs) / max(1, len(trajs))
+        success = sum(t.total_reward > 0 for t in trajs) / max(1, len(trajs))
+        self.log.metrics(step, "eval", {"eval_reward_mean": mean, "eval_success": success, "label": label})
+        if self.cfg.run.samples:
+            write_jsonl(trajs[: self.cfg.run.samples], self.log.dir / "samples" / f"step_{step:06d}.jsonl")
+        return mean
+
+    def save(self) -> Path:
+        path = self.log.dir / "checkpoints" / f"step_{self.state.rl_step:06d}"
+        return save_checkpoint(path, self.model, self.trainer.optimizer, dataclasses.replace(self.state))
+
+    def resume(self, where: str) -> None:
+        path = latest_checkpoint(self.log.dir) if where == "latest" else Path(where)
+        if path is None:
+            raise FileNotFoundError(f"no checkpoint under {self.log.dir / 'checkpoints'} to resume from")
+        self.state = load_checkpoint(path, self.model, self.trainer.optimizer)
+        version = self.state.weight_version
+        self.state.weight_version = version - 1
+        self.sync_weights()  # the engine serves the restored weights under the saved version
+
+    def close(self) -> None:
+        self.log.close()
+        self._close_engine()

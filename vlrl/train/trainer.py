@@ -1,0 +1,135 @@
+"""The trainer: policy-gradient and SFT updates on a :class:`~vlrl.train.batch.Batch`.
+
+Callable step by step (a service can drive it): ``logprobs`` (no grad), ``rl_step`` (advantages →
+epochs × mini-batches with exact gradient accumulation over micro-batches → optimizer steps) and
+``sft_step`` (cross-entropy on generated tokens). The algorithm pieces are the registered pure
+functions of :mod:`vlrl.algos`, chosen by name in :class:`~vlrl.algos.config.AlgoConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vlrl.algos import agg_counts, get_advantage_fn, get_aggregation_fn
+from vlrl.algos.config import AlgoConfig
+from vlrl.algos.correction import rollout_correction
+from vlrl.algos.kl import kl_loss, kl_penalized_rewards
+from vlrl.algos.policy_losses import get_policy_loss_fn
+from vlrl.train.batch import Batch
+from vlrl.train.config import OptimSection
+from vlrl.train.forward import ForwardOutput, policy_forward
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """Per-token tensors of one RL step, ``[B, L]`` aligned with ``batch.input_ids``."""
+
+    old_logprobs: torch.Tensor
+    """The trainer's logprobs before the update (the PPO ratio's denominator)."""
+    advantages: torch.Tensor
+    weights: torch.Tensor
+    """Rollout-correction importance weights (the mask when correction is off)."""
+    ref_logprobs: torch.Tensor | None
+
+
+def make_optimizer(model, lr: float, optim: OptimSection) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+
+
+class Trainer:
+    """Owns the policy model and its optimizer; ``ref_model`` (frozen) when ``algo.kl_coef > 0``."""
+
+    def __init__(self, model, algo: AlgoConfig, optim: OptimSection, *, ref_model=None, lr: float | None = None):
+        self.model, self.algo, self.optim = model, algo, optim
+        self.ref_model = ref_model
+        self.optimizer = make_optimizer(model, optim.lr if lr is None else lr, optim)
+
+    @torch.no_grad()
+    def logprobs(self, batch: Batch, model=None) -> ForwardOutput:
+        """Contract logprobs of the batch's generated tokens under ``model`` (default: the policy)."""
+        return policy_forward(model or self.model, batch, with_entropy=False)
+
+    def prepare(self, batch: Batch, old: ForwardOutput) -> tuple[StepInputs, dict]:
+        """Advantages, correction weights and reference logprobs for one RL step."""
+        cfg, mask = self.algo, batch.loss_mask
+        ref = self.logprobs(batch, self.ref_model).logprobs if self.ref_model is not None else None
+        rewards = batch.rewards.sum(-1)  # [B]: the episode return of each trajectory
+        if cfg.kl_in_reward and ref is not None:
+            rewards = kl_penalized_rewards(rewards, old.logprobs, ref, mask, cfg)
+        adv = get_advantage_fn(cfg.advantage)(rewards, mask, batch.groups.tolist(), cfg)
+        weights, corr = rollout_correction(old.logprobs, batch.old_logprobs, mask, cfg)
+        return StepInputs(old.logprobs, adv, weights, ref), {f"correction/{k}": float(v) for k, v in corr.items()}
+
+    def rl_step(self, batch: Batch, inputs: StepInputs, *, seed: int = 0) -> dict[str, float]:
+        """``epochs`` passes of ``mini_batches`` optimizer steps over ``batch``; metrics averaged."""
+        gen = torch.Generator().manual_seed(seed)
+        log: dict[str, list[float]] = {}
+        for _ in range(self.optim.epochs):
+            order = torch.randperm(batch.size, generator=gen).tolist()
+            size = -(-batch.size // self.optim.mini_batches)
+            for start in range(0, batch.size, size):
+                for k, v in self._update(batch, order[start:start + size], inputs).items():
+                    log.setdefault(k, []).append(v)
+        return {k: sum(v) / len(v) for k, v in log.items()}
+
+    def _update(self, batch: Batch, rows: list[int], inputs: StepInputs) -> dict[str, float]:
+        """One optimizer step over ``rows``, accumulated over micro-batches (exact, see vlrl.algos.aggregation)."""
+        cfg = self.algo
+        micro = [rows[i:i + self.optim.micro_batch_size] for i in range(0, len(rows), self.optim.micro_batch_size)]
+        subs = [batch.select(m) for m in micro]
+        counts = agg_counts(s.loss_mask for s in subs)
+        agg = get_aggregation_fn(cfg.loss_agg)
+        total, metrics = 0.0, {}
+        for m, sub in zip(micro, subs):
+            t = _rows(inputs, m, sub.input_ids.shape[1])
+            out = policy_forward(self.model, sub)
+            loss_tok, pm = get_policy_loss_fn(cfg.policy_loss)(out.logprobs, t.old_logprobs, t.advantages,
+                                                               sub.loss_mask, cfg)
+            loss_tok = loss_tok * t.weights
+            if cfg.kl_coef > 0 and not cfg.kl_in_reward and t.ref_logprobs is not None:
+                loss_tok = loss_tok + kl_loss(out.logprobs, t.ref_logprobs, sub.loss_mask, cfg)
+            loss = agg(loss_tok, sub.loss_mask, num_tokens=counts.num_tokens, num_seqs=counts.num_seqs,
+                       norm_len=cfg.loss_norm_len)
+            loss.backward()
+            total += float(loss.detach())
+            share = float(sub.loss_mask.sum()) / max(1, counts.num_tokens)
+            pm["entropy"] = (out.entropy.detach() * sub.loss_mask).sum() / sub.loss_mask.sum().clamp(min=1)
+            for k, v in pm.items():
+                metrics[k] = metrics.get(k, 0.0) + share * float(v)
+        metrics |= {"loss": total, "grad_norm": self._optimizer_step()}
+        return metrics
+
+    def sft_step(self, batch: Batch) -> dict[str, float]:
+        """Cross-entropy (token mean) on the batch's generated tokens, one optimizer step."""
+        micro = [list(range(i, min(i + self.optim.micro_batch_size, batch.size)))
+                 for i in range(0, batch.size, self.optim.micro_batch_size)]
+        subs = [batch.select(m) for m in micro]
+        n_tok = agg_counts(s.loss_mask for s in subs).num_tokens
+        total = 0.0
+        for sub in subs:
+            out = policy_forward(self.model, sub.replace(temperature=1.0), with_entropy=False)
+            loss = -(out.logprobs * sub.loss_mask).sum() / max(1, n_tok)
+            loss.backward()
+            total += float(loss.detach())
+        return {"loss": total, "grad_norm": self._optimizer_step()}
+
+    def _optimizer_step(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        clip = self.optim.grad_clip if self.optim.grad_clip > 0 else float("inf")
+        norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+
+def _rows(inputs: StepInputs, rows: list[int], width: int) -> StepInputs:
+    idx = torch.tensor(rows, dtype=torch.long)
+
+    def take(t):
+        return None if t is None else t[idx, :width]
+
+    return StepInputs(take(inputs.old_logprobs), take(inputs.advantages), take(inputs.weights),
+                      take(inputs.ref_logprobs))
