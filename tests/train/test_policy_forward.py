@@ -130,7 +130,7 @@ def test_gradient_flows_to_text_and_vision_weights_and_chunking_keeps_it_exact(t
     grads = []
     for chunk in (5, None):
         model.zero_grad()
-        out = policy_forward(model, batch, chunk_size=chunk)
+        out = policy_forward(model, batch, chunk_size=chunk, entropy_grad=True)
         loss = -(out.logprobs * batch.loss_mask).sum() / batch.loss_mask.sum() - 0.1 * out.entropy.sum()
         loss.backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
@@ -152,10 +152,20 @@ def test_no_more_than_chunk_size_rows_are_projected_at_once_even_in_backward():
     rows: list[int] = []
     handle = head.register_forward_hook(lambda m, i, o: rows.append(o.shape[0]))
     try:
-        lp, ent = chunked_token_stats(head, hidden, targets, 0.7, chunk_size=8)
+        lp, ent = chunked_token_stats(head, hidden, targets, 0.7, chunk_size=8, entropy_grad=True)
         (lp.sum() + ent.sum()).backward()
     finally:
         handle.remove()
     assert max(rows) == 8 and len(rows) == 2 * 7  # 7 chunks, each recomputed once in the backward
     ref = torch.log_softmax(head(hidden).float() / 0.7, -1).gather(1, targets[:, None])[:, 0]
     assert (lp - ref).abs().max() <= 1e-5
+
+
+def test_entropy_is_a_detached_metric_unless_asked_for():
+    head = torch.nn.Linear(8, 50, bias=False)
+    hidden = torch.randn(10, 8, requires_grad=True)
+    targets = torch.randint(0, 50, (10,))
+    lp, ent = chunked_token_stats(head, hidden, targets, 1.0, chunk_size=4)
+    assert lp.requires_grad and not ent.requires_grad
+    _, ent = chunked_token_stats(head, hidden, targets, 1.0, chunk_size=4, entropy_grad=True)
+    assert ent.requires_grad
