@@ -59,6 +59,18 @@ def test_header_shows_summary_curves_config_and_breaches(tmp_path):
     assert "max |Δ|" in text  # per-turn table of the last agreement row
 
 
+def test_empty_reply_and_run_name(tmp_path):
+    run = make_run(tmp_path / "run", sample_steps=())
+    record = trajectory("quiet")
+    record["messages"][1]["content"] = ""
+    write_jsonl(run / "samples" / "step_000000.jsonl", [record])
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "name": "color_square"}))
+    text = write_report(run).read_text()
+    assert "<title>vlrl run color_square (run)</title>" in text
+    assert text.count("(empty reply)") == 1 and html.escape(ACTIONS[1]) in text
+
+
 def test_failed_summary_shows_fail(tmp_path):
     run = make_run(tmp_path / "run")
     (run / "summary.json").write_text(json.dumps({"eval_before": 0.2, "eval_after": 0.3, "passed": False}))

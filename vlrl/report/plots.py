@@ -54,6 +54,17 @@ def reward_curve(run: RunFiles) -> bytes | None:
     fig, ax = plt.subplots(figsize=_SIZE)
     for label, (xs, ys), style in lines:
         ax.plot(xs, ys, style, label=label, markersize=4)
+    # Evals at the same step (before / after SFT) are told apart by the label the trainer gives them.
+    seen: dict[tuple, int] = {}
+    for row in run.phase("eval"):
+        if isinstance(row.get("label"), str) and _num(row.get("eval_reward_mean")) and _num(row.get("step")):
+            at = (row["step"], row["eval_reward_mean"])
+            seen[at] = seen.get(at, -1) + 1  # stack labels sharing a point instead of overprinting
+            ax.annotate(row["label"], at, fontsize=6, xytext=(3, 3 + 7 * seen[at]), textcoords="offset points")
+    ax.margins(x=0.08)  # room for the labels of the last eval
+    values = [y for _, (_, ys), _ in lines for y in ys]
+    if all(0.0 <= y <= 1.0 for y in values):  # rates and 0/1 rewards: keep the full scale visible
+        ax.set_ylim(-0.05, 1.1)
     threshold = (run.summary or {}).get("threshold")
     if isinstance(threshold, (int, float)):
         ax.axhline(threshold, color="gray", linestyle=":", label=f"threshold {threshold:g}")
@@ -128,7 +139,8 @@ def drift_histogram(row: dict[str, Any]) -> bytes | None:
             ax.axvline(math.log10(bounds[key]), color="red", linestyle=style, label=f"bound {key} {bounds[key]:g}")
     if bounds:
         ax.legend(fontsize=7)
-    ax.set_xlabel("log10 |rollout − trainer logprob|")
+    # Trainers clamp |Δ| to the lowest edge before the log, so exact agreement lands in the first bin.
+    ax.set_xlabel("log10 |rollout − trainer logprob|  (first bin includes |Δ| = 0)")
     ax.set_ylabel("tokens")
     ax.set_title(f"drift histogram, step {row.get('step', '?')}")
     ax.grid(alpha=0.3)

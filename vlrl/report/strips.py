@@ -84,7 +84,8 @@ def _cell_html(cell: Cell, thumb: int) -> str:
                    f"image-rendering:pixelated;display:block'>" for uri in cell.frames)
     lines = [f"<div style='color:#666'>{html.escape(cell.label)}</div>"]
     if cell.action is not None:
-        lines.append(f"<div class='vlrl-action'><code>{html.escape(_clip(cell.action))}</code></div>")
+        action = f"<code>{html.escape(_clip(cell.action))}</code>" if cell.action.strip() else "<i>(empty reply)</i>"
+        lines.append(f"<div class='vlrl-action'>{action}</div>")
         reward = "?" if cell.reward is None else f"{cell.reward:.3g}"
         lines.append(f"<div>reward <b>{reward}</b>" + (f" · {html.escape(str(cell.finish))}" if cell.finish else "") + "</div>")
     if cell.feedback:

@@ -43,7 +43,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
 def report_html(run: RunFiles) -> str:
     sections = [_header(run), _curves(run), _drift(run), _samples(run), _config(run)]
     body = "".join(s for s in sections if s)
-    title = html.escape(f"vlrl run {run.root.name}")
+    name = (run.summary or {}).get("name")
+    title = html.escape(f"vlrl run {name} ({run.root.name})" if isinstance(name, str) else f"vlrl run {run.root.name}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{_CSS}</style>"
             f"</head><body><h1>{title}</h1>{body}</body></html>")
 
@@ -74,7 +75,7 @@ def png_img(png: bytes, alt: str) -> str:
 
 def _header(run: RunFiles) -> str:
     s = run.summary or {}
-    rows = []
+    rows = [("run directory", f"<code>{html.escape(str(run.root))}</code>")]
     if "passed" in s:
         badge = "<span class='pass'>PASS</span>" if s["passed"] else "<span class='fail'>FAIL</span>"
         rows.append(("result", badge))
@@ -84,7 +85,7 @@ def _header(run: RunFiles) -> str:
     rows.append(("steps", _fmt(steps)))
     seconds = s.get("seconds", _last(run, "time"))
     rows.append(("time", f"{_fmt(seconds)} s" if _is_num(seconds) else "?"))
-    shown = {"passed", "eval_before", "eval_after", "steps", "seconds"}
+    shown = {"passed", "eval_before", "eval_after", "steps", "seconds", "name"}
     rows += [(k, html.escape(_short(v))) for k, v in s.items() if k not in shown]
     if run.summary is None:
         rows.append(("summary", "<span class='warn'>no summary.json (run still going, or it stopped early)</span>"))
