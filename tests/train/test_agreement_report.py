@@ -75,8 +75,7 @@ def test_bounds_by_dtype():
 
 
 def test_vocabulary_kl_counts_the_tail_bucket():
-    """Engine top-2 {0.5, 0.3} + tail 0.2; trainer gives {0.5, 0.3} but only 0.1 mass... (not a distribution
-    over the head) — KL over [0.5, 0.3, 0.2] vs [0.4, 0.3, 0.3] by hand."""
+    """Engine top-2 probabilities [0.5, 0.3] + tail 0.2 vs trainer [0.4, 0.3] + tail 0.3: KL by hand."""
     e = torch.log(torch.tensor([[0.5, 0.3]], dtype=torch.float64))
     q = torch.log(torch.tensor([[0.4, 0.3]], dtype=torch.float64))
     ids = torch.tensor([[5, 9]])
