@@ -13,13 +13,15 @@ def _full_rows(model, prompt, gen, temperature):
     """``[n, V]`` contract logprobs at each generated position, from one full forward."""
     ids = torch.tensor([list(prompt.token_ids) + list(gen.token_ids)])
     from vlrl.models.positions import mm_token_type_ids
+    from vlrl.models.tokenizer import vision_token_ids
 
     types = mm_token_type_ids(ids, model.config.image_token_id, model.config.video_token_id)
     with torch.no_grad():
         logits = model(input_ids=ids, pixel_values=prompt.pixel_values, image_grid_thw=prompt.image_grid_thw,
                        mm_token_type_ids=types).logits[0]
     n = len(prompt.token_ids)
-    return torch.log_softmax(logits[n - 1:-1].float() / (temperature or 1.0), -1)
+    banned = torch.tensor(vision_token_ids(model.config))  # outside the contract's softmax
+    return torch.log_softmax(logits[n - 1:-1].float().index_fill(1, banned, float("-inf")) / (temperature or 1.0), -1)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])

@@ -8,6 +8,7 @@ import traj_helpers as H
 
 from vlrl.checks.logprobs import full_forward_logprobs
 from vlrl.models.positions import mm_token_type_ids, mrope_positions
+from vlrl.models.tokenizer import vision_token_ids
 from vlrl.render.types import RenderedPrompt
 from vlrl.train.batch import CollateSpec, collate
 from vlrl.train.forward import chunked_token_stats, policy_forward
@@ -86,9 +87,10 @@ def _naive(model, batch):
     pos = mrope_positions(model, batch.input_ids, batch.attention_mask, batch.image_grid_thw)
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos,
                    pixel_values=batch.pixel_values, image_grid_thw=batch.image_grid_thw).logits
-    logp = torch.log_softmax(logits.float() / batch.temperature, -1)[:, :-1]
+    banned = torch.tensor(vision_token_ids(model.config))  # outside the contract's softmax
+    logp = torch.log_softmax(logits.float().index_fill(-1, banned, float("-inf")) / batch.temperature, -1)[:, :-1]
     lp = logp.gather(-1, batch.input_ids[:, 1:, None])[..., 0]
-    ent = -(logp.exp() * logp).sum(-1)
+    ent = -(logp.exp() * torch.nan_to_num(logp, neginf=0.0)).sum(-1)
     return torch.nn.functional.pad(lp, (1, 0)), torch.nn.functional.pad(ent, (1, 0))
 
 

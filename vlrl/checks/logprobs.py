@@ -7,6 +7,7 @@ from typing import Sequence
 import torch
 
 from vlrl.models.positions import mm_token_type_ids
+from vlrl.models.tokenizer import vision_token_ids
 from vlrl.render.types import RenderedPrompt
 
 
@@ -22,4 +23,6 @@ def full_forward_logprobs(model, prompt: RenderedPrompt, token_ids: Sequence[int
     logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=prompt.pixel_values,
                    image_grid_thw=prompt.image_grid_thw, mm_token_type_ids=types).logits[0]
     n, t = len(prompt.token_ids), (temperature if temperature > 0 else 1.0)
-    return torch.log_softmax(logits[n - 1:-1].float() / t, -1).gather(1, torch.tensor(list(token_ids))[:, None])[:, 0]
+    banned = torch.tensor(vision_token_ids(model.config))
+    scaled = logits[n - 1:-1].float().index_fill(1, banned, float("-inf")) / t
+    return torch.log_softmax(scaled, -1).gather(1, torch.tensor(list(token_ids))[:, None])[:, 0]

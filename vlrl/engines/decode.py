@@ -68,7 +68,7 @@ def decode_batch(engine: "EmbeddedEngine", requests: list[Request]) -> list[Gene
     while True:
         rows = [requests[i] for i in active]
         tokens = sample_tokens(logits, [r.params for r in rows], engine.banned_ids, [gens[i] for i in active])
-        contract = contract_logprobs(logits, temps[active])
+        contract = contract_logprobs(logits, temps[active], engine.banned_ids)
         lps = contract.gather(1, tokens[:, None])[:, 0]
         tops = top_logprobs(contract, [r.params.logprobs_topk for r in rows])
         keep = []

@@ -1,10 +1,12 @@
 """Engine contract types. Token-in/token-out: a :class:`RenderedPrompt` in, a :class:`Generation` out.
 
 **Logprob contract** (every engine, and the trainer, computes exactly this): the logprob of a
-generated token is ``log_softmax(raw_logits / T)[token]`` over the model's whole vocabulary, in
-fp32, where ``T`` is the request's temperature (``T = 1`` for greedy, ``temperature == 0``). It is
-taken *before* vision-placeholder banning, top-k, top-p and min-p truncation: those shape what
-is sampled, not the reported logprob, so the trainer needs only the logits and ``T``.
+generated token is ``log_softmax(raw_logits / T)[token]`` over the model's vocabulary **without
+the five vision placeholder tokens** (``vlrl.models.tokenizer.VISION_TOKENS``: no engine ever
+samples them, so the policy is the distribution over the rest), in fp32, where ``T`` is the
+request's temperature (``T = 1`` for greedy, ``temperature == 0``). It is taken *before* top-k,
+top-p and min-p truncation: those shape what is sampled, not the reported logprob, so the
+trainer needs only the logits, ``T`` and the vision ids.
 """
 
 from __future__ import annotations

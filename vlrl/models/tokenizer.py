@@ -32,6 +32,22 @@ _NON_SPECIAL = frozenset({"<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fi
 
 # Token ids that stand for vision inputs: never to be sampled.
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+"""Placeholder tokens no engine samples; the logprob contract excludes them (see ``vlrl.engines.types``)."""
+
+
+def vision_token_ids(config) -> tuple[int, ...]:
+    """The ids of :data:`VISION_TOKENS` from a Qwen-VL model config (for code that has no tokenizer).
+
+    Qwen-VL vocabularies hold the five contiguously from ``<|vision_start|>``; the config's own
+    image / video / end ids are checked against that layout.
+    """
+    start = int(config.vision_start_token_id)
+    ids = tuple(range(start, start + len(VISION_TOKENS)))
+    named = (int(config.vision_end_token_id), int(config.image_token_id), int(config.video_token_id))
+    if named != (ids[1], ids[3], ids[4]):
+        raise ValueError(f"vision token ids {named} (end, image, video) do not follow <|vision_start|> {start} "
+                         "in the Qwen-VL layout; pass the banned ids explicitly")
+    return ids
 
 
 def special_tokens(arch: str) -> dict[str, int]:

@@ -26,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vlrl.engines.sampling import effective_temperature
 from vlrl.models.positions import mrope_positions
+from vlrl.models.tokenizer import vision_token_ids
 from vlrl.train.batch import Batch
 
 DEFAULT_CHUNK = 512
@@ -76,11 +77,16 @@ def policy_forward(model, batch: Batch, *, chunk_size: int | None = DEFAULT_CHUN
     rows, cols = want.nonzero(as_tuple=True)
     T = effective_temperature(batch.temperature)
     lp, ent = chunked_token_stats(model.get_output_embeddings(), hidden[rows, cols - 1], ids[rows, cols], T,
-                                  chunk_size=chunk_size, with_entropy=with_entropy, entropy_grad=entropy_grad)
+                                  banned=banned_ids(model), chunk_size=chunk_size, with_entropy=with_entropy, entropy_grad=entropy_grad)
     logprobs = torch.zeros((B, L), dtype=torch.float32, device=device).index_put((rows, cols), lp)
     entropy = torch.zeros((B, L), dtype=torch.float32, device=device).index_put((rows, cols), ent)
     out_probe = _probe(model, batch, hidden, T, chunk_size) if probe else None
     return ForwardOutput(logprobs=logprobs, entropy=entropy, computed=want, probe=out_probe)
+
+
+def banned_ids(model) -> torch.Tensor:
+    """``[5]`` long: the vision placeholder ids the logprob contract leaves out."""
+    return torch.tensor(vision_token_ids(model.config), dtype=torch.long)
 
 
 def decoder_hidden_states(model, batch: Batch) -> torch.Tensor:
@@ -96,9 +102,12 @@ def decoder_hidden_states(model, batch: Batch) -> torch.Tensor:
 
 
 def chunked_token_stats(lm_head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, *,
-                        chunk_size: int | None = DEFAULT_CHUNK, with_entropy: bool = True,
-                        entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                        banned: torch.Tensor | None = None, chunk_size: int | None = DEFAULT_CHUNK,
+                        with_entropy: bool = True, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Contract logprobs of ``targets`` ``[N]`` and entropies from ``hidden`` ``[N, H]``, both ``[N]`` fp32.
+
+    ``banned`` ``[n]``: ids outside the contract's softmax (the vision placeholders; see
+    ``vlrl.engines.types``).
 
     ``chunk_size`` rows are projected at a time (None: all at once). Under autograd each chunk is
     checkpointed so its ``[C, V]`` tensors are not kept for the backward.
@@ -118,24 +127,32 @@ def chunked_token_stats(lm_head, hidden: torch.Tensor, targets: torch.Tensor, te
     for s in range(0, n, step):
         h, tgt = hidden[s:s + step], targets[s:s + step]
         if grad and chunk_size is not None:
-            lp, ent = checkpoint(_chunk, lm_head, h, tgt, temperature, with_entropy, entropy_grad,
+            lp, ent = checkpoint(_chunk, lm_head, h, tgt, temperature, banned, with_entropy, entropy_grad,
                                  use_reentrant=False)
         else:
-            lp, ent = _chunk(lm_head, h, tgt, temperature, with_entropy, entropy_grad)
+            lp, ent = _chunk(lm_head, h, tgt, temperature, banned, with_entropy, entropy_grad)
         lps.append(lp)
         ents.append(ent)
     return torch.cat(lps), torch.cat(ents)
 
 
-def _chunk(lm_head, h: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
-           entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    # the engine computes logits in model dtype, then log_softmax(logits.float() / T): same ops here
-    logp = torch.log_softmax(lm_head(h).float() / temperature, dim=-1)  # [C, V]
+def contract_log_softmax(logits: torch.Tensor, temperature: float, banned: torch.Tensor | None) -> torch.Tensor:
+    """The engine's ops: logits in model dtype, then ``log_softmax(logits.float() / T)`` with the
+    banned ids at -inf. ``[C, V]`` -> ``[C, V]`` fp32."""
+    scaled = logits.float()
+    if banned is not None:
+        scaled = scaled.index_fill(1, banned.to(scaled.device), float("-inf"))
+    return torch.log_softmax(scaled / temperature, dim=-1)
+
+
+def _chunk(lm_head, h: torch.Tensor, targets: torch.Tensor, temperature: float, banned: torch.Tensor | None,
+           with_entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    logp = contract_log_softmax(lm_head(h), temperature, banned)  # [C, V]
     lp = logp.gather(1, targets[:, None])[:, 0]
     if not with_entropy:
         return lp, torch.zeros_like(lp).detach()
     src = logp if entropy_grad else logp.detach()
-    return lp, -(src.exp() * src).sum(-1)
+    return lp, -(src.exp() * torch.nan_to_num(src, neginf=0.0)).sum(-1)  # banned ids: 0 · -inf -> 0
 
 
 @torch.no_grad()
@@ -150,7 +167,7 @@ def _probe(model, batch: Batch, hidden: torch.Tensor, temperature: float, chunk_
     step = len(top) if chunk_size is None else chunk_size
     ids, lps, at = [], [], []
     for s in range(0, len(top), step):
-        logp = torch.log_softmax(model.get_output_embeddings()(h[s:s + step]).float() / temperature, dim=-1)
+        logp = contract_log_softmax(model.get_output_embeddings()(h[s:s + step]), temperature, banned_ids(model))
         v, i = torch.topk(logp, top.k, dim=-1)
         ids.append(i)
         lps.append(v)
