@@ -104,7 +104,7 @@ class Run:
         """Rollout vs trainer logprobs on this step's batch; logged, and fatal if run.agreement == 'stop'."""
         report = batch_agreement(batch, old, dtype=self.cfg.model.dtype)
         mask = batch.loss_mask.bool()
-        row = self.log.agreement(step, report, (old.logprobs - batch.old_logprobs)[mask])
+        row = self.log.agreement(step, report, (old.logprobs.cpu() - batch.old_logprobs)[mask])
         if report.breached and self.cfg.run.agreement == "stop":
             report.raise_if_breached()
         return row
@@ -114,6 +114,14 @@ class Run:
         self.state.weight_version += 1
         named = [(n, p.detach()) for n, p in self.model.named_parameters()]
         self.engine.update_weights(named, version=self.state.weight_version)
+        verify = getattr(self.engine, "verify_weights", None)
+        if verify is not None:  # an inference server (vLLM): a logprob probe against the trainer's model
+            try:
+                delta = verify(self.model)
+            except Exception as exc:  # noqa: BLE001 — any failure to prove the sync is fatal
+                raise WeightSyncError(f"after sync {self.state.weight_version}: {exc}") from exc
+            self.log._append("weight_sync.jsonl", {"version": self.state.weight_version, "probe_max_abs": delta})
+            return
         want = weights_checksum(named)
         got = self.engine.weights_checksum()
         if got != want:

@@ -52,8 +52,13 @@ class Trainer:
         """Contract logprobs of the batch's generated tokens under ``model`` (default: the policy)."""
         return policy_forward(model or self.model, batch, with_entropy=False)
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
     def prepare(self, batch: Batch, old: ForwardOutput) -> tuple[StepInputs, dict]:
         """Advantages, correction weights and reference logprobs for one RL step."""
+        batch = batch.to(self.device)
         cfg, mask = self.algo, batch.loss_mask
         ref = self.logprobs(batch, self.ref_model).logprobs if self.ref_model is not None else None
         rewards = batch.rewards.sum(-1)  # [B]: the episode return of each trajectory
@@ -66,6 +71,7 @@ class Trainer:
     def rl_step(self, batch: Batch, inputs: StepInputs, *, seed: int = 0) -> dict[str, float]:
         """``epochs`` passes of ``mini_batches`` optimizer steps over ``batch``; metrics averaged."""
         gen = torch.Generator().manual_seed(seed)
+        batch = batch.to(self.device)
         log: dict[str, list[float]] = {}
         for _ in range(self.optim.epochs):
             order = torch.randperm(batch.size, generator=gen).tolist()
@@ -104,6 +110,7 @@ class Trainer:
 
     def sft_step(self, batch: Batch) -> dict[str, float]:
         """Cross-entropy (token mean) on the batch's generated tokens, one optimizer step."""
+        batch = batch.to(self.device)
         micro = [list(range(i, min(i + self.optim.micro_batch_size, batch.size)))
                  for i in range(0, batch.size, self.optim.micro_batch_size)]
         subs = [batch.select(m) for m in micro]
