@@ -34,28 +34,36 @@ def require_vllm() -> None:
 
 @pytest.fixture(scope="session")
 def vllm_stack(request: pytest.FixtureRequest, vlrl_model_dir):
-    """``vllm_stack(arch)`` -> a running :class:`VllmStack` for the tiny ``arch`` checkpoint."""
+    """``vllm_stack(arch, n_servers=1)`` -> a running :class:`VllmStack` for the tiny ``arch`` checkpoint.
+
+    Reused across the session while alive and with enough servers; a test that killed a server
+    gets a fresh stack on the next call.
+    """
     running: OrderedDict[str, object] = OrderedDict()
     limit = max(1, request.config.getoption("vllm_max_servers"))
 
-    def get(arch: str):
+    def get(arch: str, n_servers: int = 1):
         require_vllm()
         if arch in running:
             stack = running.pop(arch)
-            if all(s.alive() for s in stack.servers):
+            if all(s.alive() for s in stack.servers) and len(stack.servers) >= n_servers:
                 running[arch] = stack
                 return stack
-            stack.close()  # a test killed it: start a fresh one
+            stack.close()  # a test killed it (or more servers are wanted): start a fresh one
         while len(running) >= limit:
             running.popitem(last=False)[1].close()
         from vlrl.engines.vllm_stack import vllm_stack as start
 
-        running[arch] = start(vlrl_model_dir(arch))
+        running[arch] = start(vlrl_model_dir(arch), n_servers=n_servers)
         return running[arch]
 
     yield get
     for stack in running.values():
         stack.close()
+
+
+ARCH_ORDER = ("qwen2_5_vl", "qwen3_vl", "qwen2_vl")
+"""vllm tests run grouped by arch in this order; qwen2_vl (two servers, killed at the end) last."""
 
 
 def _arch_of(item: pytest.Item) -> str:
@@ -66,12 +74,14 @@ def _arch_of(item: pytest.Item) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run vllm tests last, grouped by arch (stable), so each arch's server starts once."""
+    """Run vllm tests last, grouped by arch (stable), so each arch's server starts once; within an
+    arch, tests of modules with ``DESTRUCTIVE = True`` (they kill servers) run last."""
     vllm_items = [it for it in items if it.get_closest_marker("vllm")]
     if not vllm_items:
         return
-    order: dict[str, int] = {}
+    order = {a: i for i, a in enumerate(ARCH_ORDER)}
     for it in vllm_items:
         order.setdefault(_arch_of(it), len(order))
     others = [it for it in items if not it.get_closest_marker("vllm")]
-    items[:] = others + sorted(vllm_items, key=lambda it: order[_arch_of(it)])
+    items[:] = others + sorted(vllm_items, key=lambda it: (
+        order[_arch_of(it)], bool(getattr(getattr(it, "module", None), "DESTRUCTIVE", False))))

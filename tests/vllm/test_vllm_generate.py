@@ -15,6 +15,7 @@ from vlrl.errors import BadInputError
 from vlrl.render.types import PlaceholderRange
 
 pytestmark = pytest.mark.vllm
+ARCH = "qwen2_5_vl"  # for the tests here that take no arch parameter
 TOL = 1e-4
 MESSAGES = conversations()["several_images"][0]
 

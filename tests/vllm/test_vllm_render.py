@@ -10,27 +10,61 @@ from vlrl.errors import BadInputError
 from vlrl.messages import image_part, text_part
 
 pytestmark = pytest.mark.vllm
+ARCH = "qwen2_5_vl"  # for the tests here that take no arch parameter
 CASES = conversations()
+ARCHS = ("qwen2_5_vl", "qwen3_vl", "qwen2_vl")
+N_SERVERS = {"qwen2_vl": 2}  # qwen2_vl's stack has two servers (test_vllm_failures kills them at the end)
 
 
-# qwen2_vl shares Qwen2.5-VL's processor and template; its server is exercised in test_vllm_failures.
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+def golden_conversations(tiny, arch):
+    """Every conversation of every golden scenario: each turn's prompt (the messages before each
+    assistant reply, with the generation prompt) and the final conversation (without it)."""
+    from vlrl.golden.files import play
+    from vlrl.golden.scenarios import SCENARIOS
+
+    bundle = tiny(arch)
+    for name, sc in sorted(SCENARIOS.items()):
+        msgs = list(play(sc, bundle.renderer, bundle.engine).messages)
+        cuts = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+        for k, i in enumerate(cuts):
+            yield f"{name}/turn{k}", msgs[:i], True
+        if msgs[-1]["role"] != "assistant":
+            yield f"{name}/last", msgs, True
+        yield f"{name}/final", msgs, False
+
+
+def assert_same_render(got, want, what=""):
+    assert got.token_ids == want.token_ids, what
+    assert got.placeholders == want.placeholders, what
+    assert got.image_hashes == want.image_hashes, what
+    assert got.text == want.text, what
+    assert len(got.engine_features) == got.n_images, what
+    if want.pixel_values is None:
+        assert got.pixel_values is None and got.image_grid_thw is None, what
+    else:
+        assert torch.equal(got.image_grid_thw, want.image_grid_thw), what
+        assert got.pixel_values.dtype == torch.float32 and got.pixel_values.shape == want.pixel_values.shape, what
+        assert (got.pixel_values - want.pixel_values).abs().max().item() <= 1e-6, what
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_golden_conversation_renders_identically(vllm_stack, tiny, arch):
+    renderer, n = vllm_stack(arch, N_SERVERS.get(arch, 1)).renderer, 0
+    for what, messages, gen_prompt in golden_conversations(tiny, arch):
+        got = renderer.render(messages, add_generation_prompt=gen_prompt)
+        want = tiny(arch).renderer.render(messages, add_generation_prompt=gen_prompt)
+        assert_same_render(got, want, f"{arch} {what}")
+        n += 1
+    assert n == 18  # 6 scenarios: every turn prompt and the final conversation
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_render_matches_embedded(vllm_stack, tiny, arch, case):
     messages, tools = CASES[case]
-    got = vllm_stack(arch).renderer.render(messages, tools=tools)
+    got = vllm_stack(arch, N_SERVERS.get(arch, 1)).renderer.render(messages, tools=tools)
     want = tiny(arch).renderer.render(messages, tools=tools)
-    assert got.token_ids == want.token_ids
-    assert got.placeholders == want.placeholders
-    assert got.image_hashes == want.image_hashes
-    assert got.text == want.text
-    assert len(got.engine_features) == got.n_images
-    if want.pixel_values is None:
-        assert got.pixel_values is None and got.image_grid_thw is None
-    else:
-        assert torch.equal(got.image_grid_thw, want.image_grid_thw)
-        assert got.pixel_values.dtype == torch.float32
-        assert (got.pixel_values - want.pixel_values).abs().max().item() <= 1e-6
+    assert_same_render(got, want, case)
 
 
 def test_bad_input_names_message_and_part(vllm_stack):

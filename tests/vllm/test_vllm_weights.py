@@ -1,55 +1,102 @@
-"""Weight sync: after update_weights the server serves the trainer's new weights (verified)."""
+"""Weight sync: after a real trainer step the server serves the trainer's weights (probe-verified, the
+tied embedding / LM head included) and its rollout logprobs follow them."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from vllm_cases import conversations
-from vlrl.checks.logprobs import full_forward_logprobs
+from pytest_vlrl import assert_logprobs_agree
+from vllm_cases import agreement_bounds
+from vlrl.checks.agreement import batch_agreement
 from vlrl.engines.types import SamplingParams
 from vlrl.engines.vllm_server import VllmServerError
-from vlrl.engines.vllm_sync import check_probe
+from vlrl.engines.vllm_weights import CheckpointWriter
+from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
+from vlrl.train.batch import CollateSpec, collate
+from vlrl.train.forward import policy_forward
 
 pytestmark = pytest.mark.vllm
 ARCH = "qwen2_5_vl"
+EMBED = "model.language_model.embed_tokens.weight"  # tied to the LM head in the tiny checkpoints
 
 
-def test_update_weights_follows_trainer(vllm_stack, tiny):
+def _expert_batch(stack, model):
+    from vlrl.train.experts import expert_for
+
+    rows = [{"prompt": None, "env_class": "color_square", "extras": {}, "seed": s} for s in range(8)]
+    cfg = RolloutConfig(sampling=SamplingParams(max_tokens=4), progress=False)
+    trajs = RolloutGenerator(stack.renderer, stack.engine, cfg).run(rows, script=expert_for("color_square"))
+    return collate(trajs, CollateSpec.from_model(model))
+
+
+def test_trainer_step_then_sync_serves_the_trainers_weights(vllm_stack, tiny, record_property):
+    from test_vllm_agreement import rollout
+
+    from vlrl.models.load import load_model
+    from vlrl.train.config import load_config
+    from vlrl.train.trainer import Trainer
+
+    stack, bundle = vllm_stack(ARCH), tiny(ARCH)
+    model = load_model(bundle.path).train()  # the trainer's own copy; the shared embedded model stays the checkpoint
+    cfg = load_config("color_square", [])
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    Trainer(model, cfg.algo, cfg.optim, lr=cfg.sft.lr).sft_step(_expert_batch(stack, model))  # one real optimizer step
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert EMBED in changed and len(changed) > 20  # the tied embedding moved with everything else
+    try:
+        version = stack.engine.update_weights(model.named_parameters())
+        probe = stack.engine.verify_weights(model)
+        assert probe <= 1e-4
+        with pytest.raises(VllmServerError, match="does not hold the trainer's weights"):
+            stack.engine.verify_weights(bundle.model)  # the probe tells the old weights from the new
+        trajs = rollout(stack, 0.7)
+        assert {t.weight_version for t in trajs} == {version}
+        batch = collate(trajs, CollateSpec.from_model(model))
+        with torch.no_grad():
+            new, old = policy_forward(model, batch), policy_forward(bundle.model, batch)
+        report = assert_logprobs_agree(batch, new, bounds=agreement_bounds())  # ≤ 1e-4 per turn under the trained weights
+        moved = batch_agreement(batch, old).overall.max_abs
+        assert moved > 1e-2  # ... and far from the checkpoint's: the logprobs followed the step
+        record_property("sync", {"probe_max_abs": probe, "after_sync_max_abs": report.overall.max_abs,
+                                 "vs_old_weights_max_abs": moved})
+    finally:  # the session's server goes back to the checkpoint for later tests
+        stack.engine.reload_checkpoint()
+    assert stack.engine.verify_weights(bundle.model) <= 1e-4
+
+
+def test_plain_vllm_reload_leaves_the_tied_head_stale(vllm_stack, tiny, tmp_path):
+    """The root cause, shown: vLLM's own ``reload_weights`` re-packs the embedding but not the tied LM
+    head (its oneDNN-packed copy); ``vlrl_reload_weights`` re-packs it. Guards the worker extension."""
     from vlrl.models.load import load_model
 
     stack, bundle = vllm_stack(ARCH), tiny(ARCH)
-    trainer = load_model(bundle.path)  # a separate copy: the shared embedded model stays untouched
-    gen = torch.Generator().manual_seed(0)
+    model = load_model(bundle.path)
     with torch.no_grad():
-        for name, p in trainer.named_parameters():
-            if "embed_tokens" not in name:  # tied to the LM head: see test_tied_embedding_change_is_refused
-                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
-    original = {n: p.detach().clone() for n, p in bundle.model.named_parameters()}
-    prompt = stack.renderer.render(conversations()["one_image"][0])
-    params = SamplingParams(temperature=0.7, max_tokens=16, seed=3, ignore_eos=True)
+        dict(model.named_parameters())[EMBED].add_(0.05 * torch.randn(dict(model.named_parameters())[EMBED].shape,
+                                                                       generator=torch.Generator().manual_seed(1)))
+    writer = CheckpointWriter(bundle.path, tmp_path)
+    assert writer.merge(model.named_parameters()) == [EMBED]
+    path = str(writer.write(1))
+    client, url = stack.engine.client, stack.url
+    rpc = lambda method, **kw: client.run(client.post(url, "/collective_rpc", {"method": method, "kwargs": kw}, what=method))
     try:
-        version = stack.engine.update_weights(trainer.named_parameters(), reference_model=trainer)
-        out = stack.engine.generate([prompt], params)[0]
-        assert out.weight_version == version == 1
-        new_ref = full_forward_logprobs(trainer, prompt, out.token_ids, 0.7)
-        old_ref = full_forward_logprobs(bundle.model, prompt, out.token_ids, 0.7)
-        assert (new_ref - torch.tensor(out.logprobs)).abs().max().item() <= 1e-4
-        assert (old_ref - torch.tensor(out.logprobs)).abs().max().item() > 1e-2  # it really moved
-        with pytest.raises(VllmServerError, match="does not hold the trainer's weights"):
-            check_probe(stack.engine, bundle.model)  # the probe catches a server on other weights
-    finally:  # the session's server goes back to the checkpoint for later tests
-        stack.engine.update_weights(original.items(), version=2, reference_model=bundle.model)
-    back = stack.engine.generate([prompt], params)[0]
-    assert back.weight_version == 2
-    assert (full_forward_logprobs(bundle.model, prompt, back.token_ids, 0.7) - torch.tensor(back.logprobs)).abs().max() <= 1e-4
+        rpc("reload_weights", weights_path=path)
+        client.run(client.post(url, "/reset_encoder_cache", {}, what="reset"))  # (vlrl's sync does this too)
+        err = rpc("vlrl_packed_error")["results"][0]["packed_error"]
+        assert err["language_model.lm_head"] > 1e-3 and err["language_model.model.embed_tokens"] == 0.0
+        with pytest.raises(VllmServerError, match="does not hold"):
+            stack.engine.verify_weights(model)
+        rpc("vlrl_reload_weights", weights_path=path)
+        client.run(client.post(url, "/reset_encoder_cache", {}, what="reset"))
+        assert stack.engine.verify_weights(model) <= 1e-4
+    finally:
+        stack.engine.reload_checkpoint()
+    assert stack.engine.verify_weights(bundle.model) <= 1e-4
 
 
-def test_update_weights_refuses_unknown_names_and_tied_embedding(vllm_stack, tiny):
+def test_update_weights_refuses_unknown_names_and_shapes(vllm_stack):
     engine = vllm_stack(ARCH).engine
-    embed = dict(tiny(ARCH).model.named_parameters())["model.language_model.embed_tokens.weight"]
-    with pytest.raises(ValueError, match="ties it to the LM head"):
-        engine.update_weights({"model.language_model.embed_tokens.weight": embed + 0.01})
     with pytest.raises(KeyError, match="no parameter"):
         engine.update_weights({"model.nope.weight": torch.zeros(2)})
     with pytest.raises(ValueError, match="shape"):

@@ -57,6 +57,8 @@ class VllmEngine:
         self.banned_ids = tuple(tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS)
         self.weight_version = 0
         self._writer = None
+        self._probe_prompt = None
+        self.last_probe_delta: float | None = None
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, client: VllmClient | str | Sequence[str], *,
@@ -93,10 +95,16 @@ class VllmEngine:
         return await self.client.arun(self._agenerate(prompt, params, route_key))
 
     async def _agenerate(self, prompt: RenderedPrompt, params: SamplingParams, route_key: Any) -> Generation:
+        """One request; with several servers, a request whose server is unreachable (connection refused or
+        lost, after the client's retries) is re-sent to the next live server — token-in/token-out with a
+        seed is deterministic and every server holds the same weights, so the answer is the same. The
+        dead server is skipped from then on. With one server (or all dead) the error is raised."""
         body = self.request_body(prompt, params)
-        url = self.client.pick(route_key)
-        data = await self.client.post(url, GENERATE, body, what="generate")
-        return self._generation(data, prompt, params, url + GENERATE)
+        url, data, failed = await self.client.post_any(GENERATE, body, what="generate", route_key=route_key)
+        gen = self._generation(data, prompt, params, url + GENERATE)
+        if failed:
+            gen.meta["failed_over_from"] = failed
+        return gen
 
     def request_body(self, prompt: RenderedPrompt, params: SamplingParams) -> dict:
         n = len(prompt.token_ids)
@@ -180,11 +188,30 @@ class VllmEngine:
 
         return sync_weights(self, named_tensors, version, reference_model=reference_model)
 
-    def probe_logprobs(self, token_ids: Sequence[int], *, url: str | None = None) -> list[float]:
-        """Server logprobs (T = 1) of ``token_ids[1:]`` given their prefixes (text only; one prefill)."""
+    def probe_logprobs(self, prompt: Sequence[int] | RenderedPrompt, *, url: str | None = None) -> list[float]:
+        """Server logprobs (T = 1, full vocabulary) of the prompt's tokens 1.. given their prefixes (one prefill);
+        ``prompt`` is token ids or a prompt rendered by :class:`VllmRenderer` (its images included)."""
         from vlrl.engines.vllm_sync import probe_logprobs
 
-        return self.client.run(probe_logprobs(self, list(token_ids), url or self.client.urls[0]))
+        return self.client.run(probe_logprobs(self, prompt, url or self.client.urls[0]))
+
+    def reload_checkpoint(self, path: str | None = None, version: int = 0) -> None:
+        """Every server back on a checkpoint dir (default: the served one); see ``vllm_sync.reload_checkpoint``."""
+        from vlrl.engines.vllm_sync import reload_checkpoint
+
+        reload_checkpoint(self, path, version)
+
+    def verify_weights(self, model, tol: float | None = None) -> float:
+        """Prove every server serves ``model``'s weights: max |Δ| of a logprob probe (an image prompt +
+        fixed text: vision tower, LM and head) between each server and ``model``'s own forward; raises
+        ``VllmServerError`` above ``tol`` (default ``vllm_sync.PROBE_TOL``). Returns the max |Δ|.
+
+        This is the vLLM engine's counterpart of the embedded engine's ``weights_checksum()``: vLLM's
+        own checksums use its internal (fused) parameter layout, which cannot be compared with the
+        trainer's; ``update_weights`` checks those move exactly when weights changed."""
+        from vlrl.engines.vllm_sync import PROBE_TOL, check_probe
+
+        return check_probe(self, model, PROBE_TOL if tol is None else tol)
 
     def close(self) -> None:
         self.client.close()

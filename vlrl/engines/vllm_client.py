@@ -48,6 +48,7 @@ class VllmClient:
         self.urls = tuple(u.rstrip("/") for u in self.urls)
         self.config = config
         self._rr = itertools.count()
+        self._dead: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client = None
         self._lock = threading.Lock()
@@ -55,14 +56,24 @@ class VllmClient:
     # ------------------------------------------------------------------ routing
 
     def pick(self, key: Any = None) -> str:
-        """A server URL: the next in round-robin order, or a fixed one per ``key`` (e.g. a trajectory id)."""
-        if len(self.urls) == 1:
-            return self.urls[0]
+        """A live server URL: the next in round-robin order, or a fixed one per ``key`` (e.g. a trajectory id).
+
+        Servers marked dead (:meth:`mark_dead`) are skipped while any other is live."""
+        urls = self.live_urls() or self.urls
+        if len(urls) == 1:
+            return urls[0]
         if key is None:
-            return self.urls[next(self._rr) % len(self.urls)]
+            return urls[next(self._rr) % len(urls)]
         import zlib
 
-        return self.urls[zlib.crc32(repr(key).encode()) % len(self.urls)]
+        return urls[zlib.crc32(repr(key).encode()) % len(urls)]
+
+    def live_urls(self) -> tuple[str, ...]:
+        return tuple(u for u in self.urls if u not in self._dead)
+
+    def mark_dead(self, url: str) -> None:
+        """Stop routing to ``url`` (it was unreachable after the retries)."""
+        self._dead.add(url)
 
     # ------------------------------------------------------------------ loop
 
@@ -111,7 +122,7 @@ class VllmClient:
         import httpx
 
         c, target = self.config, f"{url}{path}"
-        last = ""
+        last, unreachable = "", False
         for attempt in range(c.retries + 1):
             if attempt:
                 await asyncio.sleep(c.backoff_s * 2 ** (attempt - 1))
@@ -119,15 +130,40 @@ class VllmClient:
                 resp = await self._http().post(target, json=body)
             except httpx.TimeoutException as exc:
                 last = f"no answer within the timeout ({type(exc).__name__}, read timeout {c.timeout_s:g} s)"
+                unreachable = False
                 continue
             except httpx.TransportError as exc:
                 last = f"server unreachable or connection lost ({type(exc).__name__}: {exc})"
+                unreachable = True
                 continue
             if resp.status_code in _RETRY_STATUS:
                 last = f"HTTP {resp.status_code}: {resp.text[:300]}"
+                unreachable = False
                 continue
             return self._decode(resp, target, what)
-        raise VllmServerError(f"{what}: POST {target} failed after {c.retries + 1} attempts: {last}")
+        err = VllmServerError(f"{what}: POST {target} failed after {c.retries + 1} attempts: {last}")
+        err.unreachable = unreachable  # connection refused / lost: another server may take the request
+        raise err
+
+    async def post_any(self, path: str, body: dict, *, what: str, route_key: Any = None) -> tuple[str, dict, list[str]]:
+        """POST to a live server (:meth:`pick`); a server unreachable after the retries is marked dead and
+        the request re-sent to the next live one. Returns ``(url, answer, urls that failed)``; raises when
+        every server is unreachable (or at once with one server). For idempotent requests only (render,
+        seeded token-in/token-out generate: every server holds the same weights)."""
+        failed: list[str] = []
+        while True:
+            url = self.pick(route_key)
+            try:
+                return url, await self.post(url, path, body, what=what), failed
+            except VllmServerError as exc:
+                if not getattr(exc, "unreachable", False) or len(self.urls) == 1:
+                    raise
+                self.mark_dead(url)
+                failed.append(url)
+                if not self.live_urls():
+                    err = VllmServerError(f"{what}: every server is unreachable ({', '.join(self.urls)}); last: {exc}")
+                    err.unreachable = True
+                    raise err from exc
 
     @staticmethod
     def _decode(resp, target: str, what: str) -> dict:
@@ -136,6 +172,8 @@ class VllmClient:
                                 f"(HTTP {resp.status_code}): {_server_message(resp)}")
         if resp.status_code != 200:
             raise VllmServerError(f"{what}: POST {target} answered HTTP {resp.status_code}: {resp.text[:500]}")
+        if not resp.content.strip():
+            return {}  # a bare 200 (the cache-reset routes); callers that need fields check them with require()
         try:
             data = resp.json()
         except ValueError:

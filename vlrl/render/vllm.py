@@ -77,8 +77,8 @@ class VllmRenderer:
         if tools:
             body["tools"] = list(tools)
             body["tool_choice"] = "none"  # render only: no tool parser needed server-side
-        url = self.client.pick(route_key)
-        data = await self.client.post(url, "/v1/chat/completions/render", body, what="render")
+        url, data, _ = await self.client.post_any("/v1/chat/completions/render", body, what="render",
+                                                  route_key=route_key)
         return self._decode(data, images, f"{url}/v1/chat/completions/render")
 
     def _check(self, messages: list[dict[str, Any]]) -> list:

@@ -1,0 +1,71 @@
+"""vlrl's vLLM worker extension (``--worker-extension-cls vlrl.engines.vllm_worker.VlrlWorkerExtension``).
+
+Loaded *inside the server process* by vLLM (``vlrl`` must be importable there: the same venv).
+Its methods are called through ``POST /collective_rpc`` (``VLLM_SERVER_DEV_MODE=1``).
+
+**Why it exists: the tied LM head.** On CPU, vLLM does not multiply by ``lm_head.weight`` at run
+time: after loading, ``UnquantizedEmbeddingMethod.process_weights_after_loading`` calls
+``dispatch_cpu_unquantized_gemm``, which packs the weight into a oneDNN matmul handle (a copy, in
+oneDNN's blocked layout) stored in the layer's ``cpu_linear`` closure. With
+``tie_word_embeddings`` the LM head shares the embedding's ``Parameter`` but is its own module,
+and the checkpoint has no ``lm_head.weight`` (vLLM's loader skips it). The in-place reload
+(``reload_weights``, layerwise) re-processes only layers that received weights: the embedding
+gets new values *and* a new handle, the LM head gets its tensor back (shared storage, new values)
+but keeps the handle packed from the *old* weights — logits stay on the old head (measured: probe
+logprobs off by ~0.9 after an embedding update). :meth:`vlrl_reload_weights` reloads, then
+re-runs the post-load processing of every embedding-method layer (which only re-packs from the
+current weight), and checks every such layer's packed matmul against its weight.
+"""
+
+from __future__ import annotations
+
+HEAD_CHECK_TOL = 1e-4
+
+
+def refresh_packed_embeddings(model) -> list[str]:
+    """Re-pack every layer whose matmul goes through an ``UnquantizedEmbeddingMethod`` (embeddings, LM heads)."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    done = []
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, UnquantizedEmbeddingMethod) and getattr(module, "weight", None) is not None:
+            method.process_weights_after_loading(module)
+            done.append(name)
+    return done
+
+
+def packed_head_error(model) -> dict[str, float]:
+    """Per embedding-method layer: max |packed matmul - x @ weight.T| on a fixed random batch."""
+    import torch
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    out = {}
+    gen = torch.Generator().manual_seed(0)
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        w = getattr(module, "weight", None)
+        if not isinstance(method, UnquantizedEmbeddingMethod) or w is None or w.ndim != 2 or not hasattr(module, "cpu_linear"):
+            continue
+        with torch.no_grad():
+            x = torch.randn(4, w.shape[1], generator=gen).to(w.dtype)
+            got = method.apply(module, x)
+            want = torch.nn.functional.linear(x, w)
+            out[name] = float((got.float() - want.float()).abs().max())
+    return out
+
+
+class VlrlWorkerExtension:
+    """Mixed into vLLM's worker class; methods reachable as ``collective_rpc`` ``method`` names."""
+
+    def vlrl_reload_weights(self, weights_path: str) -> dict:
+        """``reload_weights`` from a checkpoint dir, then refresh and check the packed embedding/LM-head matmuls."""
+        self.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
+        model = self.model_runner.get_model()
+        refreshed = refresh_packed_embeddings(model)
+        errors = packed_head_error(model)
+        return {"refreshed": refreshed, "packed_error": errors}
+
+    def vlrl_packed_error(self) -> dict:
+        """Without reloading: how far each packed embedding/LM-head matmul is from its current weight."""
+        return {"packed_error": packed_head_error(self.model_runner.get_model())}
