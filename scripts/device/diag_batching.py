@@ -14,17 +14,23 @@ from vlrl.checks.agreement import batch_agreement
 
 p = cached_model_dir("qwen2_5_vl", "tiny")
 r = EmbeddedRenderer.from_pretrained(p)
-for attn in sys.argv[1:]:
+ROWS, TURNS = int(sys.argv[1]), int(sys.argv[2])
+for attn in sys.argv[3:]:
     model = load_model(p, device="cuda", dtype=torch.float32)
     model.set_attn_implementation(attn) if hasattr(model, "set_attn_implementation") else None
     e = EmbeddedEngine(model, r.tokenizer)
-    for stop, tokens in ((("e", "a"), 8), ((), 8), (("</",), 16)):
+    for stop, tokens in ((("e", "a"), 8),):
         g = RolloutGenerator(r, e, RolloutConfig(sampling=SamplingParams(max_tokens=tokens, stop=stop), repeats=2,
-                                                 max_turns=12, progress=False))
-        trajs = g.run(make_rows("maze2d/easy", list(range(6))))
+                                                 max_turns=TURNS, progress=False))
+        trajs = g.run(make_rows("maze2d/easy", list(range(ROWS))))
         b = collate(trajs, CollateSpec.from_model(model))
         with torch.no_grad():
             out = policy_forward(model, b, with_entropy=False)
+            small = [policy_forward(model, sub, with_entropy=False) for sub in b.split(4)]
+        import torch as T
+        diff_small = max(float(((o.logprobs.cpu() - sub.old_logprobs) * sub.loss_mask).abs().max())
+                         for o, sub in zip(small, b.split(4)))
+        print("trainer in micro-batches of 4: max", diff_small, "patches", int(b.image_grid_thw.prod(-1).sum()), flush=True)
         rep = batch_agreement(b, out)
         lens = sorted({len(t.token_ids) for t in trajs})
         print(attn, stop, "max", rep.overall.max_abs, "mean", rep.overall.mean_abs, "n_lens", len(lens),
