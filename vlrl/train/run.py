@@ -42,6 +42,11 @@ class Run:
         self.cfg = cfg
         m = cfg.model
         self.model_dir = Path(m.path) if m.path else cached_model_dir(m.arch, m.size, seed=m.seed)
+        if m.device.startswith("cuda") and m.dtype == "float32":
+            # fp32 means fp32: no TF32 in matmuls or convolutions (the vision patch embedding is a conv),
+            # or rollout and trainer logprobs drift apart with the batch shape.
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
         self.model = load_model(self.model_dir, dtype=_dtype(m.dtype), device=m.device).train()
         self.spec = CollateSpec.from_model(self.model)
         self.renderer, self.engine, self._close_engine = self._inference_stack()

@@ -49,8 +49,25 @@ class Trainer:
 
     @torch.no_grad()
     def logprobs(self, batch: Batch, model=None) -> ForwardOutput:
-        """Contract logprobs of the batch's generated tokens under ``model`` (default: the policy)."""
-        return policy_forward(model or self.model, batch, with_entropy=False)
+        """Contract logprobs ``[B, L]`` of the batch's generated tokens under ``model`` (default: the
+        policy), in micro-batches of ``optim.micro_batch_size`` rows.
+
+        Micro-batches bound memory, and on CUDA they also keep the numerics the engine has: one
+        forward over a 32-row, 160k-patch maze batch drifted by mean |Δ| 1e-5 (max 5e-5 on a random
+        model, 2.4 on an SFT'd one) where 4-row micro-batches agreed to 2e-6 (H100, fp32).
+        """
+        model = model or self.model
+        parts = [policy_forward(model, sub, with_entropy=False) for sub in batch.split(self.optim.micro_batch_size)]
+        B, L = batch.input_ids.shape
+        out = torch.zeros((B, L), dtype=torch.float32, device=parts[0].logprobs.device)
+        computed = torch.zeros((B, L), dtype=torch.bool, device=out.device)
+        row = 0
+        for part in parts:
+            b, width = part.logprobs.shape
+            out[row:row + b, :width] = part.logprobs
+            computed[row:row + b, :width] = part.computed
+            row += b
+        return ForwardOutput(logprobs=out, entropy=torch.zeros_like(out), computed=computed)
 
     @property
     def device(self) -> torch.device:
