@@ -188,6 +188,9 @@ class EpisodeRunner:
         except BadInputError as exc:
             out.stop, out.error = "env_error", f"turn {k}: the env's observation cannot be rendered: {exc}"
             return False
+        except Exception as exc:  # noqa: BLE001 — a renderer server that went away ends this episode only
+            out.stop, out.error = "engine_error", f"turn {k}: the renderer failed: {type(exc).__name__}: {exc}"
+            return False
         splice = splice_turn(self.tokenizer, seq.render, new, text, k)
         if len(seq) + len(splice.obs_tokens) >= spec.max_context:
             out.stop = "length"  # the observation is dropped: tensors stay those of the kept images
