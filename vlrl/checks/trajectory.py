@@ -46,34 +46,36 @@ def check_trajectory(traj, *, image_pad_id: int, merge_size: int = 2) -> None:
             fail(f"logprob {lp} at response token {i} (loss mask {m})")
     if any(abs(a - b) > 1e-12 for a, b in zip(traj.rewards, want_rewards)):
         fail("rewards are not exactly the turn rewards on each turn's last generated token")
-    _check_images(traj, image_pad_id, merge_size, fail)
+    check_images(traj, image_pad_id=image_pad_id, merge_size=merge_size)
 
 
-def _check_images(traj, image_pad_id: int, merge_size: int, fail) -> None:
-    ids = traj.token_ids
-    runs, start = [], None
-    for i, tok in enumerate(tuple(ids) + (-1,)):
-        if tok == image_pad_id and start is None:
-            start = i
-        elif tok != image_pad_id and start is not None:
-            runs.append((start, i - start))
-            start = None
-    have = [(p.offset, p.length) for p in traj.placeholders]
-    if runs != have:
-        fail(f"image pad runs {runs} are not the placeholders {have}")
-    n = len(have)
+def check_images(traj, *, image_pad_id: int, merge_size: int = 2, error: type = TrajectoryIntegrityError) -> None:
+    """Placeholders vs pad tokens vs image grids vs pixel rows vs hashes of one trajectory (raises ``error``)."""
+    import torch
+
+    def fail(what: str) -> None:
+        raise error(f"trajectory {traj.uid}: {what}")
+
+    ids = torch.tensor(traj.token_ids, dtype=torch.long)
     grid = traj.image_grid_thw
-    if n == 0:
-        if traj.pixel_values is not None or grid is not None:
-            fail("vision tensors without image placeholders")
-        return
-    if grid is None or traj.pixel_values is None or tuple(grid.shape) != (n, 3):
-        fail(f"{n} images but image_grid_thw is {None if grid is None else tuple(grid.shape)}")
-    per_image = grid.prod(-1).tolist()
-    for k, ((_, length), patches) in enumerate(zip(have, per_image)):
-        if length * merge_size**2 != patches:
-            fail(f"image {k}: {length} pad tokens but its grid {grid[k].tolist()} has {patches} patches")
-    if traj.pixel_values.shape[0] != sum(per_image):
-        fail(f"pixel_values has {traj.pixel_values.shape[0]} rows, the grids need {sum(per_image)}")
-    if len(traj.image_hashes) != n:
-        fail(f"{len(traj.image_hashes)} image hashes for {n} images")
+    n_grid = 0 if grid is None else int(grid.shape[0])
+    if n_grid != len(traj.placeholders):
+        fail(f"{len(traj.placeholders)} placeholder runs but {n_grid} image grids")
+    expected = 0
+    for i, ph in enumerate(traj.placeholders):
+        want = int(grid[i].prod()) // merge_size**2
+        run = ids[ph.offset:ph.offset + ph.length]
+        if ph.length != want or run.numel() != want or not bool((run == image_pad_id).all()):
+            fail(f"image {i} grid {grid[i].tolist()} needs {want} pad tokens at offset {ph.offset}, the sequence "
+                 f"has a run of {int((run == image_pad_id).sum())} (placeholder length {ph.length})")
+        expected += want
+    n_pads = int((ids == image_pad_id).sum())
+    if n_pads != expected:
+        fail(f"{n_pads} image pad tokens in the sequence, the {n_grid} image grids account for {expected}")
+    rows = 0 if traj.pixel_values is None else int(traj.pixel_values.shape[0])
+    want_rows = 0 if grid is None else int(grid.prod(-1).sum())
+    if rows != want_rows:
+        fail(f"pixel_values has {rows} patch rows, the image grids {[] if grid is None else grid.tolist()} "
+             f"need {want_rows}")
+    if len(traj.image_hashes) != n_grid:
+        fail(f"{len(traj.image_hashes)} image hashes for {n_grid} images")

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from vlrl.checks.trajectory import TrajectoryIntegrityError, check_images
+
 if TYPE_CHECKING:
     from vlrl.rollout.types import Trajectory
 
@@ -22,7 +24,7 @@ TopLogprobs = Sequence[tuple[tuple[int, float], ...]]
 """Per response token of one trajectory: the engine's ``(id, logprob)`` top-k (``()`` where none)."""
 
 
-class BatchIntegrityError(ValueError):
+class BatchIntegrityError(TrajectoryIntegrityError, ValueError):
     """A trajectory's tokens, placeholders and vision tensors do not agree (or the batch is inconsistent)."""
 
 
@@ -194,30 +196,8 @@ def collate(trajectories: Sequence["Trajectory"], spec: CollateSpec, *,
 
 
 def check_trajectory(t: "Trajectory", spec: CollateSpec) -> None:
-    """Placeholder runs vs image grids vs pixel rows, and mask/turn bounds, for one trajectory."""
-    ids = torch.tensor(t.token_ids, dtype=torch.long)
-    n_grid = 0 if t.image_grid_thw is None else int(t.image_grid_thw.shape[0])
-    if n_grid != len(t.placeholders):
-        raise BatchIntegrityError(f"trajectory {t.uid}: {len(t.placeholders)} placeholder runs but "
-                                  f"{n_grid} image grids")
-    expected_pads = 0
-    for i, ph in enumerate(t.placeholders):
-        want = int(t.image_grid_thw[i].prod()) // spec.merge_size ** 2
-        run = ids[ph.offset:ph.offset + ph.length]
-        if ph.length != want or run.numel() != want or not bool((run == spec.image_token_id).all()):
-            raise BatchIntegrityError(f"trajectory {t.uid}: image {i} grid {t.image_grid_thw[i].tolist()} needs "
-                                      f"{want} pad tokens at offset {ph.offset}, the sequence has a run of "
-                                      f"{int((run == spec.image_token_id).sum())} (placeholder length {ph.length})")
-        expected_pads += want
-    n_pads = int((ids == spec.image_token_id).sum())
-    if n_pads != expected_pads:
-        raise BatchIntegrityError(f"trajectory {t.uid}: {n_pads} image pad tokens in the sequence, the "
-                                  f"{n_grid} image grids account for {expected_pads}")
-    rows = 0 if t.pixel_values is None else int(t.pixel_values.shape[0])
-    want_rows = 0 if t.image_grid_thw is None else int(t.image_grid_thw.prod(-1).sum())
-    if rows != want_rows:
-        raise BatchIntegrityError(f"trajectory {t.uid}: pixel_values has {rows} patch rows, the image grids "
-                                  f"{[] if t.image_grid_thw is None else t.image_grid_thw.tolist()} need {want_rows}")
+    """Placeholder runs vs image grids vs pixel rows, and turn bounds, for one trajectory."""
+    check_images(t, image_pad_id=spec.image_token_id, merge_size=spec.merge_size, error=BatchIntegrityError)
     n = len(t.token_ids)
     for span in t.turns:
         if not 0 <= span.obs_start <= span.gen_start <= span.gen_end <= n:
