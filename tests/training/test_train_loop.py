@@ -34,6 +34,8 @@ def test_a_run_changes_every_parameter_and_checks_agreement_every_step(vlrl_trai
     run.assert_all_parameters_changed()
     run.assert_agreement_held()
     assert len(run.record.agreement) == 2 and all(a["max_abs"] <= 1e-4 for a in run.record.agreement)
+    # the recipe asks the engine for its top-5: the full-distribution check ran at every step too
+    assert all(a["distribution"]["k"] == 5 and a["distribution"]["vocab_kl_max"] <= 1e-6 for a in run.record.agreement)
     assert [e["label"] for e in run.record.phase("eval")] == ["before", "after_sft", "after"]
 
 

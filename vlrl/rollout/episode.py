@@ -61,6 +61,7 @@ class _Seq:
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
+    tops: list[tuple] = field(default_factory=list)
     spans: list[TurnSpan] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -76,6 +77,7 @@ class _Seq:
         self.mask.extend(mask)
         self.logprobs.extend(logprobs)
         self.rewards.extend([0.0] * len(tokens))
+        self.tops.extend([()] * len(tokens))
 
     def add_turn(self, k: int, turn: _Turn, obs_start: int) -> None:
         n_gen = len(turn.gen.token_ids)
@@ -86,6 +88,8 @@ class _Seq:
         # stop string cut the reply to nothing; the episode return is the same either way).
         if turn.tokens:
             self.rewards[gen_start - len(self.prompt_ids) + max(n_gen, 1) - 1] = turn.reward
+        at = gen_start - len(self.prompt_ids)
+        self.tops[at:at + len(turn.gen.top_logprobs)] = list(turn.gen.top_logprobs)
         self.spans.append(TurnSpan(index=k, obs_start=obs_start, gen_start=gen_start, gen_end=len(self),
                                    reward=turn.reward, finish_reason=turn.gen.finish_reason,
                                    eos_appended=turn.eos_appended, text=turn.text,
@@ -257,7 +261,8 @@ def _trajectory(uid: str, spec: EpisodeSpec, seq: _Seq, out: _Outcome, messages:
         pixel_values=r.pixel_values, image_grid_thw=r.image_grid_thw, placeholders=seq.placeholders,
         image_hashes=r.image_hashes, turns=tuple(seq.spans), stop_reason=out.stop,
         temperature=spec.params[0].temperature if spec.params else 1.0, messages=tuple(messages),
-        metrics=_metrics(seq, out), error=out.error, weight_version=min(out.versions, default=0), step_of=step_of)
+        metrics=_metrics(seq, out), error=out.error, weight_version=min(out.versions, default=0), step_of=step_of,
+        top_logprobs=tuple(seq.tops) if any(seq.tops) else ())
 
 
 def _empty(spec: EpisodeSpec, messages: list[dict], error: str) -> Trajectory:

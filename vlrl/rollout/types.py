@@ -89,6 +89,9 @@ class Trajectory:
     weight_version: int = 0
     step_of: str | None = None
     """Step-wise mode: the uid of the episode this turn belongs to."""
+    top_logprobs: tuple = ()
+    """When requested (``SamplingParams.logprobs_topk``): per response token, the engine's top-k
+    ``(id, logprob)`` pairs at generated tokens and ``()`` elsewhere; empty otherwise."""
 
     @property
     def token_ids(self) -> tuple[int, ...]:

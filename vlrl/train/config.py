@@ -70,6 +70,9 @@ class RolloutSection:
     """Inference engine: embedded (in process) or vllm (a vLLM server started for the run)."""
     eval_temperature: float = 0.0
     """Sampling temperature of evaluation (0 = greedy)."""
+    logprobs_topk: int = 0
+    """Engine top-k logprobs per generated token, for the full-distribution agreement check at
+    every step (top-k overlap and a KL over the whole vocabulary); 0 = off."""
 
 
 @dataclass(frozen=True)

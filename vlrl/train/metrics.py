@@ -49,6 +49,10 @@ class RunLog:
                "turns": [{"turn": t.turn, "max_abs": t.stats.max_abs, "mean_abs": t.stats.mean_abs}
                          for t in report.turns],
                "hist": {"edges": edges, "counts": counts}}
+        if report.distribution is not None:
+            dist = report.distribution
+            row["distribution"] = {"positions": dist.n_positions, "k": dist.k, "vocab_kl_max": dist.vocab_kl_max,
+                                   "topk_overlap_min": dist.tie_aware_overlap_min}
         self._append("agreement.jsonl", row)
         return row
 

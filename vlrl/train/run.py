@@ -21,6 +21,7 @@ from vlrl.rollout.io import write_jsonl
 from vlrl.train.batch import CollateSpec, collate
 from vlrl.train.checkpoint import RunState, latest_checkpoint, load_checkpoint, save_checkpoint
 from vlrl.train.config import TrainConfig
+from vlrl.train.forward import policy_forward
 from vlrl.train.metrics import RunLog
 from vlrl.train.trainer import Trainer
 
@@ -94,7 +95,7 @@ class Run:
                 script=None) -> list:
         r = self.cfg.rollout
         sampling = SamplingParams(temperature=r.temperature if temperature is None else temperature, top_p=r.top_p,
-                                  max_tokens=r.max_tokens, stop=tuple(r.stop))
+                                  max_tokens=r.max_tokens, stop=tuple(r.stop), logprobs_topk=r.logprobs_topk)
         config = RolloutConfig(sampling=sampling, repeats=r.repeats if repeats is None else repeats,
                                max_turns=r.max_turns, mode=r.mode, seed=seed, progress=self.cfg.run.progress)
         return RolloutGenerator(self.renderer, self.engine, config).run(rows, script=script)
@@ -107,6 +108,10 @@ class Run:
 
     def agreement(self, step: int, batch, old) -> dict:
         """Rollout vs trainer logprobs on this step's batch; logged, and fatal if run.agreement == 'stop'."""
+        if batch.engine_topk is not None:  # the full-distribution check: the trainer's top-k at those positions
+            with torch.no_grad():
+                probe = policy_forward(self.model, batch, with_entropy=False, probe=True).probe
+            old = dataclasses.replace(old, probe=probe)
         report = batch_agreement(batch, old, dtype=self.cfg.model.dtype)
         mask = batch.loss_mask.bool()
         row = self.log.agreement(step, report, (old.logprobs.cpu() - batch.old_logprobs)[mask])
