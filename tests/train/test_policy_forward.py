@@ -82,6 +82,9 @@ def test_forward_matches_an_independent_full_forward(single_turn, arch):
         assert (out.logprobs[row, p:n] - ref).abs().max() <= 1e-4
 
 
+NO_BAN = torch.tensor([], dtype=torch.long)  # toy heads below have no vision ids
+
+
 def _naive(model, batch):
     """Unchunked reference: the model's full ``[B, L, V]`` logits, log_softmax, shifted gather."""
     pos = mrope_positions(model, batch.input_ids, batch.attention_mask, batch.image_grid_thw)
@@ -158,7 +161,7 @@ def test_no_more_than_chunk_size_rows_are_projected_at_once_even_in_backward():
     rows: list[int] = []
     handle = head.register_forward_hook(lambda m, i, o: rows.append(o.shape[0]))
     try:
-        lp, ent = chunked_token_stats(head, hidden, targets, 0.7, chunk_size=8, entropy_grad=True)
+        lp, ent = chunked_token_stats(head, hidden, targets, 0.7, banned=NO_BAN, chunk_size=8, entropy_grad=True)
         (lp.sum() + ent.sum()).backward()
     finally:
         handle.remove()
@@ -171,7 +174,7 @@ def test_entropy_is_a_detached_metric_unless_asked_for():
     head = torch.nn.Linear(8, 50, bias=False)
     hidden = torch.randn(10, 8, requires_grad=True)
     targets = torch.randint(0, 50, (10,))
-    lp, ent = chunked_token_stats(head, hidden, targets, 1.0, chunk_size=4)
+    lp, ent = chunked_token_stats(head, hidden, targets, 1.0, banned=NO_BAN, chunk_size=4)
     assert lp.requires_grad and not ent.requires_grad
-    _, ent = chunked_token_stats(head, hidden, targets, 1.0, chunk_size=4, entropy_grad=True)
+    _, ent = chunked_token_stats(head, hidden, targets, 1.0, banned=NO_BAN, chunk_size=4, entropy_grad=True)
     assert ent.requires_grad

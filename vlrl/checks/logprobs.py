@@ -22,6 +22,8 @@ def full_forward_logprobs(model, prompt: RenderedPrompt, token_ids: Sequence[int
     types = mm_token_type_ids(ids, model.config.image_token_id, model.config.video_token_id)
     logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=prompt.pixel_values,
                    image_grid_thw=prompt.image_grid_thw, mm_token_type_ids=types).logits[0]
+    # Written out here rather than calling vlrl.engines.sampling.contract_logprobs, on purpose: this
+    # is the independent reference the engine and trainer (which share that function) are checked against.
     n, t = len(prompt.token_ids), (temperature if temperature > 0 else 1.0)
     banned = torch.tensor(vision_token_ids(model.config))
     scaled = logits[n - 1:-1].float().index_fill(1, banned, float("-inf")) / t

@@ -14,11 +14,14 @@ def effective_temperature(temperature: float) -> float:
     return temperature if temperature > 0 else 1.0
 
 
-def contract_logprobs(logits: torch.Tensor, temperatures: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
+def contract_logprobs(logits: torch.Tensor, temperatures: torch.Tensor | float, banned: torch.Tensor) -> torch.Tensor:
     """``log_softmax(logits / T)`` in fp32 over the vocabulary without ``banned`` (the vision ids,
-    which get -inf). logits ``[B, V]``, temperatures ``[B]``, banned ``[n]`` -> ``[B, V]``."""
+    which get -inf). logits ``[B, V]`` (model dtype), temperatures ``[B]`` or one float, banned ``[n]``
+    -> ``[B, V]``. The engine and the trainer both call this: one definition of the contract."""
     scaled = logits.float().index_fill(1, banned.to(logits.device), float("-inf"))
-    return torch.log_softmax(scaled / temperatures.to(logits.device, torch.float32)[:, None], dim=-1)
+    if isinstance(temperatures, torch.Tensor):
+        return torch.log_softmax(scaled / temperatures.to(logits.device, torch.float32)[:, None], dim=-1)
+    return torch.log_softmax(scaled / float(temperatures), dim=-1)
 
 
 def top_logprobs(contract: torch.Tensor, ks: Sequence[int]) -> list[tuple[tuple[int, float], ...]]:

@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from vlrl.engines.sampling import effective_temperature
+from vlrl.engines.sampling import contract_logprobs, effective_temperature
 from vlrl.models.positions import mrope_positions
 from vlrl.models.tokenizer import vision_token_ids
 from vlrl.train.batch import Batch
@@ -102,7 +102,7 @@ def decoder_hidden_states(model, batch: Batch) -> torch.Tensor:
 
 
 def chunked_token_stats(lm_head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, *,
-                        banned: torch.Tensor | None = None, chunk_size: int | None = DEFAULT_CHUNK,
+                        banned: torch.Tensor, chunk_size: int | None = DEFAULT_CHUNK,
                         with_entropy: bool = True, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Contract logprobs of ``targets`` ``[N]`` and entropies from ``hidden`` ``[N, H]``, both ``[N]`` fp32.
 
@@ -136,18 +136,9 @@ def chunked_token_stats(lm_head, hidden: torch.Tensor, targets: torch.Tensor, te
     return torch.cat(lps), torch.cat(ents)
 
 
-def contract_log_softmax(logits: torch.Tensor, temperature: float, banned: torch.Tensor | None) -> torch.Tensor:
-    """The engine's ops: logits in model dtype, then ``log_softmax(logits.float() / T)`` with the
-    banned ids at -inf. ``[C, V]`` -> ``[C, V]`` fp32."""
-    scaled = logits.float()
-    if banned is not None:
-        scaled = scaled.index_fill(1, banned.to(scaled.device), float("-inf"))
-    return torch.log_softmax(scaled / temperature, dim=-1)
-
-
-def _chunk(lm_head, h: torch.Tensor, targets: torch.Tensor, temperature: float, banned: torch.Tensor | None,
+def _chunk(lm_head, h: torch.Tensor, targets: torch.Tensor, temperature: float, banned: torch.Tensor,
            with_entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    logp = contract_log_softmax(lm_head(h), temperature, banned)  # [C, V]
+    logp = contract_logprobs(lm_head(h), temperature, banned)  # [C, V], the engine's own function
     lp = logp.gather(1, targets[:, None])[:, 0]
     if not with_entropy:
         return lp, torch.zeros_like(lp).detach()
@@ -167,7 +158,7 @@ def _probe(model, batch: Batch, hidden: torch.Tensor, temperature: float, chunk_
     step = len(top) if chunk_size is None else chunk_size
     ids, lps, at = [], [], []
     for s in range(0, len(top), step):
-        logp = contract_log_softmax(model.get_output_embeddings()(h[s:s + step]), temperature, banned_ids(model))
+        logp = contract_logprobs(model.get_output_embeddings()(h[s:s + step]), temperature, banned_ids(model))
         v, i = torch.topk(logp, top.k, dim=-1)
         ids.append(i)
         lps.append(v)

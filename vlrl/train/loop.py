@@ -57,7 +57,7 @@ def rl_step(run: Run, step: int) -> dict:
     values = {"reward_mean": sum(rewards) / len(rewards),
               "response_len": sum(sum(t.loss_mask) for t in trajs) / len(trajs)}
     if batch is not None:
-        old = run.trainer.logprobs(batch)
+        old = run.trainer.logprobs(batch, probe=batch.engine_topk is not None)  # + the full-distribution check
         agree = run.agreement(step + 1, batch, old)
         inputs, correction = run.trainer.prepare(batch, old)
         values |= run.trainer.rl_step(batch, inputs, seed=cfg.run.seed * 7_919 + step) | correction

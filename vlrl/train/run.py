@@ -21,7 +21,6 @@ from vlrl.rollout.io import write_jsonl
 from vlrl.train.batch import CollateSpec, collate
 from vlrl.train.checkpoint import RunState, latest_checkpoint, load_checkpoint, save_checkpoint
 from vlrl.train.config import TrainConfig
-from vlrl.train.forward import policy_forward
 from vlrl.train.metrics import RunLog
 from vlrl.train.trainer import Trainer
 
@@ -108,10 +107,6 @@ class Run:
 
     def agreement(self, step: int, batch, old) -> dict:
         """Rollout vs trainer logprobs on this step's batch; logged, and fatal if run.agreement == 'stop'."""
-        if batch.engine_topk is not None:  # the full-distribution check: the trainer's top-k at those positions
-            with torch.no_grad():
-                probe = policy_forward(self.model, batch, with_entropy=False, probe=True).probe
-            old = dataclasses.replace(old, probe=probe)
         report = batch_agreement(batch, old, dtype=self.cfg.model.dtype)
         mask = batch.loss_mask.bool()
         row = self.log.agreement(step, report, (old.logprobs.cpu() - batch.old_logprobs)[mask])

@@ -19,7 +19,7 @@ from vlrl.algos.kl import kl_loss, kl_penalized_rewards
 from vlrl.algos.policy_losses import get_policy_loss_fn
 from vlrl.train.batch import Batch
 from vlrl.train.config import OptimSection
-from vlrl.train.forward import ForwardOutput, policy_forward
+from vlrl.train.forward import ForwardOutput, ProbeOutput, policy_forward
 
 
 @dataclass(frozen=True)
@@ -48,16 +48,18 @@ class Trainer:
         self.optimizer = make_optimizer(model, optim.lr if lr is None else lr, optim)
 
     @torch.no_grad()
-    def logprobs(self, batch: Batch, model=None) -> ForwardOutput:
+    def logprobs(self, batch: Batch, model=None, *, probe: bool = False) -> ForwardOutput:
         """Contract logprobs ``[B, L]`` of the batch's generated tokens under ``model`` (default: the
         policy), in micro-batches of ``optim.micro_batch_size`` rows.
 
         Micro-batches bound memory, and on CUDA they also keep the numerics the engine has: one
-        forward over a 32-row, 160k-patch maze batch drifted by mean |Δ| 1e-5 (max 5e-5 on a random
-        model, 2.4 on an SFT'd one) where 4-row micro-batches agreed to 2e-6 (H100, fp32).
+        forward over a 32-row, 115k-patch maze batch drifted by mean |Δ| 1e-5 (max 5e-5, random tiny
+        model) where 4-row micro-batches agreed to 2e-6 (H100, fp32; scripts/device/diag_batching.py).
+        ``probe=True`` adds the trainer's top-k at the engine's top-k positions (``batch.engine_topk``).
         """
         model = model or self.model
-        parts = [policy_forward(model, sub, with_entropy=False) for sub in batch.split(self.optim.micro_batch_size)]
+        parts = [policy_forward(model, sub, with_entropy=False, probe=probe)
+                 for sub in batch.split(self.optim.micro_batch_size)]
         B, L = batch.input_ids.shape
         out = torch.zeros((B, L), dtype=torch.float32, device=parts[0].logprobs.device)
         computed = torch.zeros((B, L), dtype=torch.bool, device=out.device)
@@ -67,7 +69,7 @@ class Trainer:
             out[row:row + b, :width] = part.logprobs
             computed[row:row + b, :width] = part.computed
             row += b
-        return ForwardOutput(logprobs=out, entropy=torch.zeros_like(out), computed=computed)
+        return ForwardOutput(logprobs=out, entropy=torch.zeros_like(out), computed=computed, probe=_cat_probes(parts))
 
     @property
     def device(self) -> torch.device:
@@ -147,6 +149,14 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
+
+
+def _cat_probes(parts: list[ForwardOutput]) -> ProbeOutput | None:
+    """Micro-batches are consecutive rows and ``engine_topk`` is in row order, so the probes concatenate."""
+    probes = [p.probe for p in parts if p.probe is not None]
+    if not probes:
+        return None
+    return ProbeOutput(*(torch.cat([getattr(p, f) for p in probes]) for f in ("topk_ids", "topk_logprobs", "at_engine_ids")))
 
 
 def _rows(inputs: StepInputs, rows: list[int], width: int) -> StepInputs:
