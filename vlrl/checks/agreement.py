@@ -126,6 +126,33 @@ class DistributionStats:
     """The position with the largest vocabulary KL, described."""
 
 
+DEPTH_BINS = (0, 512, 1024, 2048, 4096)
+"""Lower edges of the context-depth bins (tokens before the position): 0–512, 512–1k, 1–2k, 2–4k, 4k+."""
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Where the disagreement sits: |Δ| statistics by context depth and by position within the turn.
+
+    A kernel or cache bug shows as one bad bin (e.g. only the first token of a turn, only past 1k
+    tokens), where the overall numbers only say that something is off.
+    """
+
+    by_depth: tuple[tuple[str, Stats], ...]
+    """(bin label, stats) for the non-empty :data:`DEPTH_BINS` bins."""
+    by_turn_position: tuple[tuple[str, Stats], ...]
+    """("first", stats) for the first generated token of each turn (predicted from the prompt's
+    last position: prefill), ("rest", stats) for the others (decode)."""
+
+    def rows(self) -> dict[str, list[dict[str, Any]]]:
+        """JSON-ready: ``{"by_depth": [{"bin", "n_tokens", "max_abs", "mean_abs"}], "by_turn_position": [...]}``."""
+        def table(items):
+            return [{"bin": label, "n_tokens": s.n_tokens, "max_abs": s.max_abs, "mean_abs": s.mean_abs}
+                    for label, s in items]
+
+        return {"by_depth": table(self.by_depth), "by_turn_position": table(self.by_turn_position)}
+
+
 @dataclass(frozen=True)
 class AgreementReport:
     overall: Stats
@@ -133,6 +160,7 @@ class AgreementReport:
     worst: tuple[Position, ...]
     """The largest |Δ| first."""
     bounds: AgreementBounds
+    breakdown: Breakdown | None = None
     distribution: DistributionStats | None = None
     breaches: tuple[str, ...] = ()
     temperature: float | None = None
@@ -147,6 +175,10 @@ class AgreementReport:
         out = {f"{prefix}{k}": float(v) for k, v in vars(self.overall).items()}
         for t in self.turns:
             out.update({f"{prefix}turn{t.turn}/{k}": float(v) for k, v in vars(t.stats).items()})
+        if self.breakdown is not None:
+            for group in (self.breakdown.by_depth, self.breakdown.by_turn_position):
+                out.update({f"{prefix}bin/{label}/{k}": float(v) for label, s in group
+                            for k, v in vars(s).items() if k in ("n_tokens", "max_abs", "mean_abs")})
         if self.distribution is not None:
             out.update({f"{prefix}dist/{k}": float(v) for k, v in vars(self.distribution).items()
                         if isinstance(v, (int, float))})
@@ -193,8 +225,53 @@ def compare_logprobs(rollout: "torch.Tensor", trainer: "torch.Tensor", mask: "to
                      for k in sorted(set(turns[m].tolist())))
     worst = _worst(r, t, m, turns, uids, token_ids, n_worst)
     breaches = _breaches(overall, distribution, bounds)
-    return AgreementReport(overall=overall, turns=per_turn, worst=worst, bounds=bounds, distribution=distribution,
+    return AgreementReport(overall=overall, turns=per_turn, worst=worst, bounds=bounds,
+                           breakdown=breakdown(r, t, m, turns), distribution=distribution,
                            breaches=breaches, temperature=temperature)
+
+
+def breakdown(rollout: "torch.Tensor", trainer: "torch.Tensor", mask: "torch.Tensor",
+              turn_index: "torch.Tensor") -> Breakdown:
+    """|Δ| by context depth and first-vs-rest token of each turn; all inputs ``[B, L]`` (rows left-aligned:
+    the column is the number of tokens before the position)."""
+    import torch
+
+    m = mask.bool()
+    depth = torch.arange(m.shape[1]).expand_as(m)
+    edges = list(DEPTH_BINS) + [None]
+    by_depth = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        sel = m & (depth >= lo) & (depth < hi if hi is not None else True)
+        if sel.any():
+            by_depth.append((_bin_label(lo, hi), _stats(rollout[sel], trainer[sel])))
+    first = _first_of_turn(m, turn_index)
+    by_pos = tuple((label, _stats(rollout[sel], trainer[sel])) for label, sel in
+                   (("first", first), ("rest", m & ~first)) if sel.any())
+    return Breakdown(by_depth=tuple(by_depth), by_turn_position=by_pos)
+
+
+def _bin_label(lo: int, hi: int | None) -> str:
+    def k(n: int) -> str:
+        return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+    return f"{k(lo)}+" if hi is None else f"{k(lo)}-{k(hi)}"
+
+
+def _first_of_turn(m: "torch.Tensor", turns: "torch.Tensor") -> "torch.Tensor":
+    """``[B, L]`` bool: the first generated (mask 1) position of each turn of each row: where the turn
+    index changes or the generated positions resume after a gap."""
+    import torch
+
+    first = torch.zeros_like(m)
+    for b in range(m.shape[0]):
+        idx = m[b].nonzero()[:, 0]
+        if idx.numel() == 0:
+            continue
+        t = turns[b, idx]
+        new = torch.ones_like(t, dtype=torch.bool)
+        new[1:] = (t[1:] != t[:-1]) | (idx[1:] != idx[:-1] + 1)  # a new turn, or a gap (a prompt in between)
+        first[b, idx[new]] = True
+    return first
 
 
 def batch_agreement(batch: Any, out: Any, *, dtype: Any = "float32", bounds: AgreementBounds | None = None,

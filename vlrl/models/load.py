@@ -21,10 +21,20 @@ def load_processor(path: str | os.PathLike):
     return processor
 
 
-def load_model(path: str | os.PathLike, dtype=None, device: str = "cpu"):
-    """``AutoModelForImageTextToText`` for ``path`` in eval mode (fp32 unless ``dtype``)."""
+def load_model(path: str | os.PathLike, dtype=None, device: str = "cpu", attention: str | None = None):
+    """``AutoModelForImageTextToText`` for ``path`` in eval mode (fp32 unless ``dtype``).
+
+    ``attention`` defaults to vlrl's own SDPA function (``vlrl.models.attention``: materialised kv
+    heads, immune to the stride-0 kernel bug documented there); ``"sdpa"`` / ``"eager"`` for diagnosis.
+    """
     import torch
     from transformers import AutoModelForImageTextToText
 
-    model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype or torch.float32)
+    from vlrl.models.attention import ATTENTION, CHOICES
+
+    attention = attention or ATTENTION
+    if attention not in CHOICES:
+        raise ValueError(f"attention must be one of {', '.join(CHOICES)}, got {attention!r}")
+    model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype or torch.float32,
+                                                        attn_implementation=attention)
     return model.to(device).eval()

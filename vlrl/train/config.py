@@ -34,6 +34,9 @@ class ModelSection:
     """cpu or cuda."""
     dtype: str = "float32"
     """Weights dtype of trainer and engine: float32 or bfloat16."""
+    attention: str = "vlrl_sdpa"
+    """Attention of trainer and engine: vlrl_sdpa (SDPA with materialised kv heads, see
+    vlrl.models.attention), sdpa (transformers' own, hit by a CUDA kernel bug; for diagnosis) or eager."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,9 @@ class RunSection:
     """A checkpoint dir to resume from exactly ("latest": the run dir's newest)."""
     progress: bool = True
     """Progress bars on a terminal."""
+    image_probe: bool = False
+    """After SFT and at the end, check that every turn's logprobs depend on its image
+    (vlrl.checks.image_sensitivity); results in image_sensitivity.jsonl and the report."""
 
 
 SECTIONS = {"model": ModelSection, "data": DataSection, "rollout": RolloutSection, "sft": SFTSection,

@@ -49,6 +49,8 @@ class RunLog:
                "turns": [{"turn": t.turn, "max_abs": t.stats.max_abs, "mean_abs": t.stats.mean_abs}
                          for t in report.turns],
                "hist": {"edges": edges, "counts": counts}}
+        if report.breakdown is not None:  # by context depth and first-vs-rest token of each turn
+            row.update(report.breakdown.rows())
         if report.distribution is not None:
             dist = report.distribution
             row["distribution"] = {"positions": dist.n_positions, "k": dist.k, "vocab_kl_max": dist.vocab_kl_max,

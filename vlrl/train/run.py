@@ -47,7 +47,7 @@ class Run:
             # or rollout and trainer logprobs drift apart with the batch shape.
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
-        self.model = load_model(self.model_dir, dtype=_dtype(m.dtype), device=m.device).train()
+        self.model = load_model(self.model_dir, dtype=_dtype(m.dtype), device=m.device, attention=m.attention).train()
         self.spec = CollateSpec.from_model(self.model)
         self.renderer, self.engine, self._close_engine = self._inference_stack()
         self.trainer = Trainer(self.model, cfg.algo, cfg.optim, ref_model=self._reference())

@@ -1,0 +1,55 @@
+"""vlrl's attention function for transformers models: SDPA with materialised key/value heads.
+
+Why it exists (measured on an H100, torch 2.11, fp32): transformers' ``sdpa`` attention repeats the
+key/value heads of a grouped-query model with ``expand`` — with one kv head that is a *view with
+stride 0 on the head axis*. Given such k/v and an explicit mask (left padding, or any mask), SDPA's
+memory-efficient CUDA kernel returned a wrong last query row (off by 2.4–4.1 in the output) at key
+lengths 1025, 1409, 1857 and 2049, and right ones at 1408, 1410 and 1710; contiguous k/v, or the math
+backend, were right. The embedded engine's left-padded prefill predicts the next token from exactly
+that last row, so after SFT (peaked logits) the first token of late maze turns disagreed with the
+trainer by up to 5.5 nats — and only for the batch widths that hit the bug. The trainer escaped
+because it pads on the right. ``vlrl_sdpa`` hands SDPA contiguous k/v of the full head count
+(``repeat_interleave``), so no forward of vlrl's depends on how a kernel treats zero strides; the
+batch-invariance check (``vlrl.checks.batch_invariance``) is what would catch the next kernel of this
+kind. Everything else is transformers' ``sdpa`` path (same mask function, same causal shortcut).
+
+Registered on import under :data:`ATTENTION`; ``vlrl.models.load.load_model`` selects it.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+ATTENTION = "vlrl_sdpa"
+"""The attention implementation vlrl loads models with."""
+
+CHOICES = (ATTENTION, "sdpa", "eager")
+"""Attention implementations a run may ask for (``sdpa`` is transformers' own, kept for diagnosis)."""
+
+
+def repeat_heads(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """``[B, H_kv, L, D] -> [B, H_kv * n_rep, L, D]``, materialised and contiguous (never a stride-0 view)."""
+    if n_rep > 1:
+        x = torch.repeat_interleave(x, n_rep, dim=1)
+    return x.contiguous()
+
+
+def vlrl_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """query ``[B, H, Lq, D]``, key / value ``[B, H_kv, Lk, D]``, mask ``[B, 1, Lq, Lk]`` bool or None
+    -> (``[B, Lq, H, D]``, None), as transformers' attention functions return."""
+    n_rep = query.shape[1] // key.shape[1]
+    key, value = repeat_heads(key, n_rep), repeat_heads(value, n_rep)
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    # As transformers' sdpa: the causal flag (flash / cuDNN kernels) only without a mask and past decode.
+    is_causal = bool(query.shape[2] > 1 and attention_mask is None and is_causal)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           dropout_p=dropout, scale=scaling, is_causal=is_causal)
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ATTENTION, vlrl_sdpa_forward)
+AttentionMaskInterface.register(ATTENTION, sdpa_mask)  # the same boolean masks transformers builds for sdpa
