@@ -40,6 +40,8 @@ def train(cfg: TrainConfig, on_start: Callable | None = None) -> dict:
             if cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0:
                 run.save()
         after = run.evaluate(cfg.run.steps, "after")
+        if cfg.run.image_probe:
+            run.probe_images(cfg.run.steps, "after")
         run.save()
         summary = {"name": cfg.name, "eval_before": before, "eval_after": after, "steps": cfg.run.steps,
                    "sft_steps": cfg.sft.steps, "seconds": round(time.time() - t0, 1), "out": str(run.log.dir)}
@@ -79,3 +81,5 @@ def sft(run: Run) -> None:
         run.log.metrics(k + 1, "sft", values)
     run.sync_weights()
     run.evaluate(0, "after_sft")
+    if cfg.run.image_probe:
+        run.probe_images(0, "after_sft")

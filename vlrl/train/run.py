@@ -133,6 +133,20 @@ class Run:
             raise WeightSyncError(f"after sync {self.state.weight_version} the engine's weights checksum is "
                                   f"{got[:12]}…, the trainer's {want[:12]}…")
 
+    def probe_images(self, step: int, label: str) -> dict | None:
+        """Image-sensitivity probe (``vlrl.checks.image_sensitivity``) on greedy episodes of the first
+        eval rows, through the trainer's forward; logged to ``image_sensitivity.jsonl``."""
+        from vlrl.checks.image_sensitivity import image_sensitivity
+
+        trajs = self.rollout(self.eval_rows[:4], seed=10_000_079, temperature=self.cfg.rollout.eval_temperature,
+                             repeats=1)
+        batch = self.collate(trajs)
+        if batch is None:
+            return None
+        row = {"step": step, "label": label, **image_sensitivity(self.model, batch.to(self.trainer.device)).row()}
+        self.log._append("image_sensitivity.jsonl", row)
+        return row
+
     # ------------------------------------------------------------------ evaluation and checkpoints
 
     def evaluate(self, step: int, label: str) -> float:
