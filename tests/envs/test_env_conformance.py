@@ -12,7 +12,7 @@ from vlrl.checks.envs import EnvConformanceError, check_env
 from vlrl.cli import main as vlrl_main
 from vlrl.envs import registered_envs
 
-BUILTINS = {"maze2d/easy", "maze2d/hard", "color_square", "geometry", "gym/FrozenLake-v1", "gym/CliffWalking-v1",
+BUILTINS = {"maze2d/5x5", "maze2d/7x7", "maze2d/easy", "maze2d/hard", "color_square", "geometry", "gym/FrozenLake-v1", "gym/CliffWalking-v1",
             "gym/Taxi-v4"}
 
 

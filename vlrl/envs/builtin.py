@@ -45,8 +45,8 @@ def _geometry(extras: Mapping[str, Any], seed: int | None):
 
 
 def _register() -> None:
-    register_env("maze2d/easy", _maze("easy"), replace=True)
-    register_env("maze2d/hard", _maze("hard"), replace=True)
+    for level in ("5x5", "7x7", "easy", "hard"):  # vlrl.envs.maze_text.LEVELS (not imported here: lazy)
+        register_env(f"maze2d/{level}", _maze(level), replace=True)
     register_env("color_square", _color_square, replace=True)
     register_env("geometry", _geometry, replace=True)
     from vlrl.envs.gym_adapter import SHIPPED, register_gym_env

@@ -21,7 +21,10 @@ from vlrl.envs.text_env import GymTextEnv, ParsedAction
 # Turn budgets cover every maze's expert (moves + stop): the longest shortest paths in 20k mazes
 # are 28 (easy) and 44 (hard) moves. VisGym's harness uses 20 / 30, which leaves ~6 % of easy
 # mazes unsolvable (paths come in multiples of 4); pass extras {"max_turns": 20} to compare with it.
-LEVELS = {"easy": {"size": 9, "max_turns": 30}, "hard": {"size": 11, "max_turns": 46}}
+# The curriculum's small levels: every 5x5 expert is 4 moves + stop (one 2x2-cell maze shape up to
+# symmetry), 7x7 experts 8-16 moves + stop (3000 mazes); their budgets leave room for a few bumps.
+LEVELS = {"5x5": {"size": 5, "max_turns": 8}, "7x7": {"size": 7, "max_turns": 20},
+          "easy": {"size": 9, "max_turns": 30}, "hard": {"size": 11, "max_turns": 46}}
 KEYWORDS = {name: action for action, name in ACTION_NAMES.items()}  # right/up/left/down/stop -> id
 
 FORMAT_INVALID = ("The action format is invalid. The action should be a tuple of two elements with the first "
