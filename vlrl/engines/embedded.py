@@ -1,10 +1,11 @@
 """The embedded inference engine: an in-process transformers Qwen-VL model (CPU or CUDA).
 
-Requests from any thread or coroutine are queued; a worker thread takes everything queued (up to
-``max_batch``) and decodes it as one left-padded batch with a KV cache, dropping rows from the
-batch as they finish. Positions are explicit mRoPE ids from the image grids
-(``vlrl.models.positions``), the same function the trainer uses. Vision placeholder ids are never
-sampled. New weights arrive in memory between batches (:meth:`update_weights`).
+Requests from any thread or coroutine are queued; a worker thread takes what is queued (up to
+``max_batch``) and decodes it as one left-padded batch with a KV cache, dropping rows as they
+finish. One :meth:`EmbeddedEngine.generate` call is queued as one unit, so its prompts share one
+batch (what the batch-invariance check, ``vlrl.checks.batch_invariance``, relies on). Positions are
+explicit mRoPE ids from the image grids (``vlrl.models.positions``), the same function the trainer
+uses. Vision placeholder ids are never sampled. New weights arrive in memory between batches.
 """
 
 from __future__ import annotations
@@ -14,22 +15,31 @@ import os
 import queue
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import torch
 
-from vlrl.engines.decode import Request, decode_batch
+from vlrl.engines.sampling import contract_logprobs, effective_temperature, sample_tokens, top_logprobs
 from vlrl.engines.types import Generation, SamplingParams
 from vlrl.errors import ContextOverflowError
+from vlrl.models.positions import mrope_positions
 from vlrl.models.tokenizer import VISION_TOKENS
 from vlrl.render.types import RenderedPrompt
 
 
 @dataclass
-class _Job:
-    request: Request
+class _Request:
+    """One request's state while it decodes."""
+
+    prompt: RenderedPrompt
+    params: SamplingParams
+    max_new: int
     future: Future
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
+    finish: Generation | None = None
 
 
 class EmbeddedEngine:
@@ -47,14 +57,17 @@ class EmbeddedEngine:
         self.banned_ids = torch.tensor([tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS], dtype=torch.long)
         self.weight_version = 0
         self._lock = threading.Lock()  # held while a batch runs or weights change
-        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._queue: queue.Queue[list[_Request]] = queue.Queue()  # units: one submit or one generate call
+        self._held: list[_Request] | None = None  # a unit that did not fit the last batch: first in the next
         self._worker: threading.Thread | None = None
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, *, device: str = "cpu", dtype=None, **kwargs) -> "EmbeddedEngine":
+    def from_pretrained(cls, path: str | os.PathLike, *, device: str = "cpu", dtype=None, attention: str | None = None,
+                        **kwargs) -> "EmbeddedEngine":
         from vlrl.models.load import load_model, load_processor
 
-        return cls(load_model(path, dtype=dtype, device=device), load_processor(path).tokenizer, **kwargs)
+        model = load_model(path, dtype=dtype, device=device, attention=attention)
+        return cls(model, load_processor(path).tokenizer, **kwargs)
 
     @property
     def device(self) -> torch.device:
@@ -63,62 +76,170 @@ class EmbeddedEngine:
     # ------------------------------------------------------------------ requests
 
     def submit(self, prompt: RenderedPrompt, params: SamplingParams) -> Future:
-        """Queue one request; the future resolves to a :class:`Generation` (or the error)."""
+        """Queue one request; the future resolves to a :class:`Generation` (or the error).
+        Cancelling the future before its batch starts drops the request."""
         request = self._request(prompt, params)
-        future: Future = Future()
-        self._ensure_worker()
-        self._queue.put(_Job(request, future))
-        return future
+        self._enqueue([request])
+        return request.future
 
     def generate(self, prompts: Sequence[RenderedPrompt],
                  params: SamplingParams | Sequence[SamplingParams] = SamplingParams()) -> list[Generation]:
-        """Generate for every prompt (batched together); results in prompt order."""
+        """Generate for every prompt, decoded together as one batch (``max_batch`` rows at a time);
+        results in prompt order."""
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
-        futures = [self.submit(p, sp) for p, sp in zip(prompts, params)]
-        return [f.result() for f in futures]
+        requests = [self._request(p, sp) for p, sp in zip(prompts, params)]
+        for start in range(0, len(requests), self.max_batch):
+            self._enqueue(requests[start:start + self.max_batch])
+        return [r.future.result() for r in requests]
 
     async def agenerate(self, prompt: RenderedPrompt, params: SamplingParams = SamplingParams()) -> Generation:
         return await asyncio.wrap_future(self.submit(prompt, params))
 
-    def _request(self, prompt: RenderedPrompt, params: SamplingParams) -> Request:
+    def _request(self, prompt: RenderedPrompt, params: SamplingParams) -> _Request:
         n = len(prompt.token_ids)
         if n == 0:
             raise ValueError("empty prompt")
         if n >= self.max_context:
             raise ContextOverflowError(n, self.max_context)
-        banned = set(self.banned_ids.tolist())
-        bad = banned.intersection(params.stop_token_ids)
+        bad = set(self.banned_ids.tolist()).intersection(params.stop_token_ids)
         if bad:
             raise ValueError(f"stop_token_ids {sorted(bad)} are vision placeholder ids, which are never sampled")
-        return Request(prompt=prompt, params=params, max_new=min(params.max_tokens, self.max_context - n))
+        return _Request(prompt=prompt, params=params, max_new=min(params.max_tokens, self.max_context - n),
+                        future=Future())
 
     # ------------------------------------------------------------------ worker
 
-    def _ensure_worker(self) -> None:
+    def _enqueue(self, unit: list[_Request]) -> None:
         if self._worker is None or not self._worker.is_alive():
             self._worker = threading.Thread(target=self._serve, name="vlrl-embedded-engine", daemon=True)
             self._worker.start()
+        self._queue.put(unit)
+
+    def _next_batch(self) -> list[_Request]:
+        """Block for one unit, then add whole queued units, in order, while they fit in ``max_batch`` (the
+        first that does not fit opens the next batch); requests whose future was cancelled meanwhile are
+        dropped here (never decoded, never poisoning a batch)."""
+        units = [self._held if self._held is not None else self._queue.get()]
+        self._held = None
+        size = len(units[0])
+        while True:
+            try:
+                unit = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if size + len(unit) > self.max_batch:
+                self._held = unit
+                break
+            units.append(unit)
+            size += len(unit)
+        return [r for unit in units for r in unit if r.future.set_running_or_notify_cancel()]
 
     def _serve(self) -> None:
         while True:
-            jobs = [self._queue.get()]
-            while len(jobs) < self.max_batch:
-                try:
-                    jobs.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            batch = self._next_batch()
+            if not batch:
+                continue
             try:
                 with self._lock:
-                    results = decode_batch(self, [j.request for j in jobs])
-                for job, res in zip(jobs, results):
-                    job.future.set_result(res)
-            except BaseException as exc:  # the callers get the error; the worker keeps serving
-                for job in jobs:
-                    if not job.future.done():
-                        job.future.set_exception(exc)
+                    self._decode(batch)
+                for r in batch:
+                    r.future.set_result(r.finish)
+            except BaseException as exc:  # the batch's callers get the error; the worker keeps serving
+                for r in batch:
+                    if not r.future.done():
+                        r.future.set_exception(exc)
+
+    # ------------------------------------------------------------------ decoding
+
+    @torch.no_grad()
+    def _decode(self, requests: list[_Request]) -> None:
+        """Run ``requests`` to completion as one batch: a left-padded prefill with all images, then one
+        token per step with a KV cache; finished rows leave the batch and the cache."""
+        from transformers import DynamicCache
+
+        model, device = self.model, self.device
+        inputs = self._prefill_inputs(requests)
+        positions = mrope_positions(model, inputs["input_ids"], inputs["attention_mask"], inputs["image_grid_thw"])
+        next_pos = positions.amax(dim=(0, 2)) + 1  # [B]: text after the prompt continues on all three axes
+        cache = DynamicCache(config=model.config)
+        logits = model(**inputs, position_ids=positions, past_key_values=cache, use_cache=True,
+                       logits_to_keep=1).logits[:, -1, :]
+        attn = inputs["attention_mask"]
+        active = list(range(len(requests)))  # request index of each batch row
+        gens = [_generator(r.params, device) for r in requests]
+        temps = torch.tensor([effective_temperature(r.params.temperature) for r in requests])
+        while True:
+            rows = [requests[i] for i in active]
+            tokens = sample_tokens(logits, [r.params for r in rows], self.banned_ids, [gens[i] for i in active])
+            contract = contract_logprobs(logits, temps[active], self.banned_ids)
+            lps = contract.gather(1, tokens[:, None])[:, 0]
+            tops = top_logprobs(contract, [r.params.logprobs_topk for r in rows])
+            keep = [row for row, (i, tok, lp) in enumerate(zip(active, tokens.tolist(), lps.tolist()))
+                    if self._step(requests[i], tok, lp, tops[row])]
+            if not keep:
+                return
+            if len(keep) < len(active):  # drop finished rows from the batch and the cache
+                idx = torch.tensor(keep, device=device)
+                cache.batch_select_indices(idx)
+                tokens, attn, next_pos = tokens[idx], attn[idx], next_pos[idx]
+                active = [active[k] for k in keep]
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+            pos = next_pos.view(1, -1, 1).expand(3, -1, 1)
+            logits = model(input_ids=tokens[:, None], attention_mask=attn, position_ids=pos, past_key_values=cache,
+                           use_cache=True).logits[:, -1, :]
+            next_pos = next_pos + 1
+
+    def _prefill_inputs(self, requests: list[_Request]) -> dict:
+        """Left-padded ``input_ids`` / ``attention_mask`` ``[B, L]`` and the batch's vision tensors."""
+        width = max(len(r.prompt.token_ids) for r in requests)
+        ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for b, r in enumerate(requests):
+            n = len(r.prompt.token_ids)
+            ids[b, width - n:] = torch.tensor(r.prompt.token_ids, dtype=torch.long)
+            mask[b, width - n:] = 1
+        with_images = [r.prompt for r in requests if r.prompt.n_images]
+        pixels = torch.cat([p.pixel_values for p in with_images]).to(self.device, self.model.dtype) if with_images else None
+        grid = torch.cat([p.image_grid_thw for p in with_images]).to(self.device) if with_images else None
+        return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device), "pixel_values": pixels,
+                "image_grid_thw": grid}
+
+    def _step(self, r: _Request, token: int, logprob: float, top: tuple) -> bool:
+        """Record one sampled token; returns True while the request goes on."""
+        r.ids.append(token)
+        r.logprobs.append(logprob)
+        r.top.append(top)
+        p = r.params
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
+            return self._finish(r, "stop", token)
+        if p.stop:
+            text = self.tokenizer.decode(r.ids, skip_special_tokens=True)
+            for s in p.stop:
+                at = text.find(s)
+                if at >= 0:
+                    if not p.include_stop_str_in_output:
+                        self._cut_before(r, at)
+                    return self._finish(r, "stop", s)
+        if len(r.ids) >= r.max_new:
+            return self._finish(r, "length", None)
+        return True
+
+    def _cut_before(self, r: _Request, char_index: int) -> None:
+        """Drop tokens from the end until the decoded text ends at or before ``char_index``."""
+        while r.ids and len(self.tokenizer.decode(r.ids, skip_special_tokens=True)) > char_index:
+            r.ids.pop()
+            r.logprobs.pop()
+            r.top.pop()
+
+    def _finish(self, r: _Request, reason: str, stop_reason) -> bool:
+        r.finish = Generation(token_ids=tuple(r.ids), logprobs=tuple(r.logprobs), finish_reason=reason,
+                              stop_reason=stop_reason, text=self.tokenizer.decode(r.ids, skip_special_tokens=True),
+                              weight_version=self.weight_version, prompt_len=len(r.prompt.token_ids),
+                              top_logprobs=tuple(r.top) if r.params.logprobs_topk else ())
+        return False
 
     # ------------------------------------------------------------------ weights
 
@@ -148,3 +269,14 @@ class EmbeddedEngine:
 
         with self._lock:
             return weights_checksum(self.model.named_parameters())
+
+
+def _generator(params: SamplingParams, device) -> torch.Generator | None:
+    if params.temperature == 0:
+        return None
+    gen = torch.Generator(device=device)
+    if params.seed is not None:
+        gen.manual_seed(params.seed)
+    else:
+        gen.seed()
+    return gen

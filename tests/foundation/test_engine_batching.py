@@ -1,0 +1,59 @@
+"""How the embedded engine forms batches: one generate call is one batch; cancelled requests are dropped
+before they reach a batch, so a crashed caller (a rollout whose coroutines were cancelled) never
+poisons the requests of the next one."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from vlrl.engines.types import Generation, SamplingParams
+
+PARAMS = SamplingParams(temperature=1.0, max_tokens=3, seed=0, ignore_eos=True)
+
+
+@pytest.fixture
+def engine(tiny):
+    from vlrl.engines.embedded import EmbeddedEngine
+
+    b = tiny("qwen2_5_vl")
+    eng = EmbeddedEngine(b.engine.model, b.tokenizer)  # its own queue and worker
+    batches: list[int] = []
+    decode = eng._decode
+    eng._decode = lambda reqs: (batches.append(len(reqs)), decode(reqs))[1]
+    eng.batches = batches
+    return eng, b.renderer
+
+
+def _prompts(renderer, n):
+    return [renderer.render([{"role": "user", "content": "word " * (3 + 5 * i)}]) for i in range(n)]
+
+
+def test_one_generate_call_is_one_batch(engine):
+    eng, renderer = engine
+    out = eng.generate(_prompts(renderer, 5), PARAMS)
+    assert eng.batches == [5] and all(isinstance(g, Generation) for g in out)
+    eng.max_batch = 2
+    eng.generate(_prompts(renderer, 5), PARAMS)
+    assert eng.batches[1:] == [2, 2, 1]
+
+
+def test_cancelled_request_is_dropped_and_the_rest_of_its_batch_survives(engine):
+    eng, renderer = engine
+    a, b, c = _prompts(renderer, 3)
+    eng._lock.acquire()  # the worker takes A into a batch and waits for the lock
+    try:
+        fa = eng.submit(a, PARAMS)
+        for _ in range(200):
+            if eng._queue.empty():
+                break
+            time.sleep(0.01)
+        fb, fc = eng.submit(b, PARAMS), eng.submit(c, PARAMS)
+        assert fb.cancel()  # still queued: cancellable
+    finally:
+        eng._lock.release()
+    assert isinstance(fa.result(timeout=60), Generation)
+    assert isinstance(fc.result(timeout=60), Generation)  # B's cancellation did not reach C
+    assert fb.cancelled()
+    assert sum(eng.batches) == 2, eng.batches  # B was never decoded
