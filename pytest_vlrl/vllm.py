@@ -1,7 +1,7 @@
 """vLLM server fixtures and options (marker `vllm`).
 
 ``vllm_stack(arch)`` (session) starts a vLLM server for the tiny checkpoint of ``arch`` on first
-use and returns a :class:`vlrl.engines.vllm_stack.VllmStack` (``url``, ``renderer``, ``engine``,
+use and returns a :class:`vlrl.vllm.stack.VllmStack` (``url``, ``renderer``, ``engine``,
 ``servers``). At most ``--vllm-max-servers`` run at once (2 cores here): asking for another arch
 stops the least recently used one. All are stopped at session end. Without vLLM the tests skip
 with the reason — except under ``CI=true``, where a missing vLLM is a failure.
@@ -22,7 +22,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def require_vllm() -> None:
-    from vlrl.engines.vllm_server import vllm_available
+    from vlrl.vllm.server import vllm_available
 
     ok, why = vllm_available()
     if ok:
@@ -52,7 +52,7 @@ def vllm_stack(request: pytest.FixtureRequest, vlrl_model_dir):
             stack.close()  # a test killed it (or more servers are wanted): start a fresh one
         while len(running) >= limit:
             running.popitem(last=False)[1].close()
-        from vlrl.engines.vllm_stack import vllm_stack as start
+        from vlrl.vllm.stack import vllm_stack as start
 
         running[arch] = start(vlrl_model_dir(arch), n_servers=n_servers)
         return running[arch]

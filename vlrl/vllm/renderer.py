@@ -6,10 +6,10 @@ truth and only decodes it into a :class:`RenderedPrompt`:
 - ``token_ids`` and ``placeholders`` exactly as the server rendered them (placeholders are checked
   to cover runs of ``<|image_pad|>``);
 - ``pixel_values`` / ``image_grid_thw`` decoded from the per-image payloads. The server runs with
-  ``--no-mm-device-do-normalize`` (see ``vllm_server``), so these are already normalised float32,
+  ``--no-mm-device-do-normalize`` (see ``vlrl.vllm.server``), so these are already normalised float32,
   bit-identical to the HF processor's — no client-side normalisation, nothing to keep in sync;
 - ``engine_features``: one :class:`VllmImageFeature` per image (the payload passed back to
-  generate untouched);
+  generate untouched, by :func:`generate_features`);
 - ``image_hashes``: ``vlrl.messages.image_hash`` of the locally decoded images (as embedded);
 - ``text``: the decoded tokens with each image's pad run folded back to one ``<|image_pad|>``
   (the chat template's text, as the embedded renderer reports it).
@@ -24,11 +24,12 @@ import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from vlrl.engines.vllm_client import VllmClient, require
 from vlrl.errors import BadInputError
 from vlrl.messages import IMAGE_PART_TYPES, ImageLimits, image_hash, load_image, validate_messages
 from vlrl.render.embedded import RESERVED_IN_TEXT
 from vlrl.render.types import PlaceholderRange, RenderedPrompt
+from vlrl.vllm.client import RENDER, VllmClient, require
+from vlrl.vllm.server import VllmServerError
 
 IMAGE_PAD = "<|image_pad|>"
 
@@ -77,9 +78,8 @@ class VllmRenderer:
         if tools:
             body["tools"] = list(tools)
             body["tool_choice"] = "none"  # render only: no tool parser needed server-side
-        url, data, _ = await self.client.post_any("/v1/chat/completions/render", body, what="render",
-                                                  route_key=route_key)
-        return self._decode(data, images, f"{url}/v1/chat/completions/render")
+        url, data, _ = await self.client.post_any(RENDER, body, what="render", route_key=route_key)
+        return self._decode(data, images, f"{url}{RENDER}")
 
     def _check(self, messages: list[dict[str, Any]]) -> list:
         """Validate like the embedded renderer; returns the decoded images in order."""
@@ -114,7 +114,7 @@ class VllmRenderer:
             hashes = (feats.get("mm_hashes") or {}).get("image") or []
             metas = ((feats.get("mm_metadata") or {}).get("image")) or [None] * len(items)
             if len(items) != len(images) or len(hashes) != len(images) or any(not isinstance(x, str) for x in items):
-                raise VllmServerGarbage(f"{target}: {len(images)} images but {len(items)} image payloads")
+                raise _garbage(f"{target}: {len(images)} images but {len(items)} image payloads")
             pixels, grid = decode_pixels(items)
             engine_features = tuple(VllmImageFeature(k, m, h) for k, m, h in zip(items, metas, hashes))
         text = self._text(ids, placeholders)
@@ -125,12 +125,12 @@ class VllmRenderer:
     def _placeholders(self, feats: dict, ids: tuple[int, ...], n_images: int, target: str):
         spans = (feats.get("mm_placeholders") or {}).get("image") or []
         if len(spans) != n_images:
-            raise VllmServerGarbage(f"{target}: {n_images} images but {len(spans)} placeholder ranges")
+            raise _garbage(f"{target}: {n_images} images but {len(spans)} placeholder ranges")
         out = tuple(PlaceholderRange(int(s["offset"]), int(s["length"])) for s in spans)
         for k, p in enumerate(out):
             run = ids[p.offset:p.offset + p.length]
             if len(run) != p.length or any(t != self.image_token_id for t in run):
-                raise VllmServerGarbage(f"{target}: placeholder {k} {p} does not cover a run of {IMAGE_PAD}")
+                raise _garbage(f"{target}: placeholder {k} {p} does not cover a run of {IMAGE_PAD}")
         return out
 
     def _text(self, ids: tuple[int, ...], placeholders: tuple[PlaceholderRange, ...]) -> str:
@@ -152,14 +152,34 @@ def decode_pixels(items: Sequence[str]):
         data = decode_mm_kwargs_item(item).get_data()
         pv = data["pixel_values"]
         if pv.dtype != torch.float32:
-            raise VllmServerGarbage("render returned non-float pixel_values (dtype "
+            raise _garbage("render returned non-float pixel_values (dtype "
                                     f"{pv.dtype}): start the server with --no-mm-device-do-normalize")
         pixels.append(pv.clone())
         grids.append(data["image_grid_thw"].reshape(-1, 3).to(torch.int64))
     return torch.cat(pixels), torch.cat(grids)
 
 
-def VllmServerGarbage(what: str):
-    from vlrl.engines.vllm_server import VllmServerError
-
+def _garbage(what: str) -> VllmServerError:
     return VllmServerError(f"render answered garbage: {what}")
+
+
+def generate_features(prompt: RenderedPrompt, image_token_id: int) -> dict | None:
+    """The ``features`` of a generate request: each image's render payload, at the prompt's own placeholders.
+
+    Placeholders come from ``prompt.placeholders`` (never from the render answer), so a rollout may splice
+    token histories and shift them; each range is checked to still cover a run of image pads."""
+    if not prompt.n_images:
+        return None
+    feats = prompt.engine_features
+    if len(feats) != prompt.n_images or not all(isinstance(f, VllmImageFeature) for f in feats):
+        raise BadInputError(f"prompt has {prompt.n_images} images but {len(feats)} vLLM image payloads in "
+                            "engine_features: render it with VllmRenderer")
+    for k, p in enumerate(prompt.placeholders):
+        run = prompt.token_ids[p.offset:p.offset + p.length]
+        if len(run) != p.length or any(t != image_token_id for t in run):
+            raise BadInputError(f"placeholder {k} ({p.offset}, {p.length}) does not cover a run of {IMAGE_PAD} "
+                                "tokens in token_ids (was the prompt spliced without shifting placeholders?)")
+    return {"mm_hashes": {"image": [f.mm_hash for f in feats]},
+            "mm_placeholders": {"image": [{"offset": p.offset, "length": p.length} for p in prompt.placeholders]},
+            "kwargs_data": {"image": [f.kwargs_data for f in feats]},
+            "mm_metadata": {"image": [f.metadata for f in feats]}}

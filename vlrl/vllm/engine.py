@@ -2,7 +2,7 @@
 
 **Prompts**: ``token_ids`` as given; each image's offset and length from ``prompt.placeholders``
 (never from the render payload), its processed tensors from ``prompt.engine_features`` (made by
-:class:`vlrl.render.vllm.VllmRenderer`). A rollout may therefore splice token histories and shift
+:class:`vlrl.vllm.renderer.VllmRenderer`). A rollout may therefore splice token histories and shift
 placeholders with ``dataclasses.replace``; the engine checks each range still covers image pads.
 
 **Logprobs** (contract in ``engines.types``): servers run with ``--logprobs-mode
@@ -19,6 +19,10 @@ the default ``raw_logprobs``, which ignores T (right only at T = 1). Two things 
   the contract by ``-log(1 - p_vision)``, ``p_vision`` the contract probability of the five vision
   tokens. Tiny random models: ~3e-5 (measured in tests/vllm); trained models put ~0 mass there.
 
+**Weights** (:class:`vlrl.vllm.weight_sync.WeightSync`, owned by the engine): ``update_weights``
+reloads every server from one written checkpoint, ``verify_weights`` proves with a logprob probe that
+they hold a given model's weights.
+
 **Stops** follow the embedded engine: stop strings end generation at the token that completes
 them; with ``include_stop_str_in_output=False`` the output is cut back to the whole tokens that
 end before the stop string (vLLM is asked to keep them; the cut is made here, with the same
@@ -31,13 +35,14 @@ import os
 from typing import Any, Sequence
 
 from vlrl.engines.types import Generation, SamplingParams
-from vlrl.engines.vllm_client import ClientConfig, VllmClient, require
-from vlrl.engines.vllm_server import VllmServerError
-from vlrl.errors import BadInputError, ContextOverflowError
+from vlrl.errors import ContextOverflowError
 from vlrl.models.tokenizer import VISION_TOKENS
 from vlrl.render.types import RenderedPrompt
-
-GENERATE = "/inference/v1/generate"
+from vlrl.vllm.client import GENERATE, ClientConfig, VllmClient, require
+from vlrl.vllm.limits import model_limits
+from vlrl.vllm.renderer import generate_features
+from vlrl.vllm.server import VllmServerError
+from vlrl.vllm.weight_sync import PROBE_TOL, WeightSync
 
 
 class VllmEngine:
@@ -46,6 +51,7 @@ class VllmEngine:
     def __init__(self, client: VllmClient | str | Sequence[str], tokenizer, *, model: str = "vlrl",
                  max_context: int = 4096, eos_ids: Sequence[int] = (), model_dir: str | None = None,
                  allow_truncation: bool = False):
+        """``max_context`` must be the servers' ``--max-model-len`` (``vllm_stack`` passes it)."""
         self.client = client if isinstance(client, VllmClient) else VllmClient(client)
         self.tokenizer = tokenizer
         self.model = model
@@ -55,14 +61,14 @@ class VllmEngine:
         self.allow_truncation = allow_truncation
         self.image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
         self.banned_ids = tuple(tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS)
-        self.weight_version = 0
-        self._writer = None
-        self._probe_prompt = None
-        self.last_probe_delta: float | None = None
+        self.weights = WeightSync(self.client, tokenizer, model=model, model_dir=model_dir)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, client: VllmClient | str | Sequence[str], *,
-                        max_context: int = 4096, config: ClientConfig = ClientConfig(), **kwargs) -> "VllmEngine":
+                        max_context: int | None = None, config: ClientConfig = ClientConfig(),
+                        **kwargs) -> "VllmEngine":
+        """``max_context``: the servers' ``--max-model-len`` (default: the model's ``max_position_embeddings``,
+        what a server started by ``vllm_stack`` uses)."""
         from transformers import AutoTokenizer, GenerationConfig
 
         if not isinstance(client, VllmClient):
@@ -74,6 +80,8 @@ class VllmEngine:
             eos = None
         eos = tok.eos_token_id if eos is None else eos
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+        if max_context is None:
+            max_context = model_limits(path).max_position_embeddings
         return cls(client, tok, max_context=max_context, eos_ids=eos_ids, model_dir=str(path), **kwargs)
 
     # ------------------------------------------------------------------ generate
@@ -124,25 +132,8 @@ class VllmEngine:
               "seed": params.seed, "stop": list(params.stop), "stop_token_ids": list(params.stop_token_ids),
               "ignore_eos": params.ignore_eos, "include_stop_str_in_output": True, "logprobs": 0,
               "detokenize": bool(params.stop), "skip_special_tokens": True, "bad_words": list(VISION_TOKENS)}
-        return {"model": self.model, "token_ids": list(prompt.token_ids), "features": self._features(prompt),
-                "sampling_params": sp, "output_mode": "tokens"}
-
-    def _features(self, prompt: RenderedPrompt) -> dict | None:
-        if not prompt.n_images:
-            return None
-        feats = prompt.engine_features
-        if len(feats) != prompt.n_images or not all(hasattr(f, "kwargs_data") for f in feats):
-            raise BadInputError(f"prompt has {prompt.n_images} images but {len(feats)} vLLM image payloads in "
-                                "engine_features: render it with VllmRenderer")
-        for k, p in enumerate(prompt.placeholders):
-            run = prompt.token_ids[p.offset:p.offset + p.length]
-            if len(run) != p.length or any(t != self.image_token_id for t in run):
-                raise BadInputError(f"placeholder {k} ({p.offset}, {p.length}) does not cover a run of <|image_pad|> "
-                                    "tokens in token_ids (was the prompt spliced without shifting placeholders?)")
-        return {"mm_hashes": {"image": [f.mm_hash for f in feats]},
-                "mm_placeholders": {"image": [{"offset": p.offset, "length": p.length} for p in prompt.placeholders]},
-                "kwargs_data": {"image": [f.kwargs_data for f in feats]},
-                "mm_metadata": {"image": [f.metadata for f in feats]}}
+        return {"model": self.model, "token_ids": list(prompt.token_ids),
+                "features": generate_features(prompt, self.image_token_id), "sampling_params": sp, "output_mode": "tokens"}
 
     def _generation(self, data: dict, prompt: RenderedPrompt, params: SamplingParams, target: str) -> Generation:
         choices = require(data, "choices", list, target)
@@ -181,37 +172,38 @@ class VllmEngine:
         except (KeyError, TypeError, ValueError):
             return self.weight_version  # "default": the checkpoint the server started with
 
-    # ------------------------------------------------------------------ weights
+    # ------------------------------------------------------------------ weights (WeightSync)
+
+    @property
+    def weight_version(self) -> int:
+        return self.weights.version
+
+    @property
+    def last_probe_delta(self) -> float | None:
+        return self.weights.last_probe_delta
 
     def update_weights(self, named_tensors, version: int | None = None, *, reference_model=None) -> int:
-        from vlrl.engines.vllm_sync import sync_weights
-
-        return sync_weights(self, named_tensors, version, reference_model=reference_model)
+        """Reload every live server with the trainer's tensors (partial updates merge); returns the version."""
+        return self.weights.update(named_tensors, version, reference_model=reference_model)
 
     def probe_logprobs(self, prompt: Sequence[int] | RenderedPrompt, *, url: str | None = None) -> list[float]:
         """Server logprobs (T = 1, full vocabulary) of the prompt's tokens 1.. given their prefixes (one prefill);
         ``prompt`` is token ids or a prompt rendered by :class:`VllmRenderer` (its images included)."""
-        from vlrl.engines.vllm_sync import probe_logprobs
-
-        return self.client.run(probe_logprobs(self, prompt, url or self.client.urls[0]))
+        return self.weights.probe_logprobs(prompt, url or self.client.urls[0])
 
     def reload_checkpoint(self, path: str | None = None, version: int = 0) -> None:
-        """Every server back on a checkpoint dir (default: the served one); see ``vllm_sync.reload_checkpoint``."""
-        from vlrl.engines.vllm_sync import reload_checkpoint
-
-        reload_checkpoint(self, path, version)
+        """Every server back on a checkpoint dir (default: the served one); see ``WeightSync.reload_checkpoint``."""
+        self.weights.reload_checkpoint(path, version)
 
     def verify_weights(self, model, tol: float | None = None) -> float:
         """Prove every server serves ``model``'s weights: max |Δ| of a logprob probe (an image prompt +
         fixed text: vision tower, LM and head) between each server and ``model``'s own forward; raises
-        ``VllmServerError`` above ``tol`` (default ``vllm_sync.PROBE_TOL``). Returns the max |Δ|.
+        ``VllmServerError`` above ``tol`` (default ``PROBE_TOL``). Returns the max |Δ|.
 
         This is the vLLM engine's counterpart of the embedded engine's ``weights_checksum()``: vLLM's
         own checksums use its internal (fused) parameter layout, which cannot be compared with the
         trainer's; ``update_weights`` checks those move exactly when weights changed."""
-        from vlrl.engines.vllm_sync import PROBE_TOL, check_probe
-
-        return check_probe(self, model, PROBE_TOL if tol is None else tol)
+        return self.weights.verify(model, PROBE_TOL if tol is None else tol)
 
     def close(self) -> None:
         self.client.close()

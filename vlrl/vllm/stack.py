@@ -1,0 +1,84 @@
+"""One call from a checkpoint dir to running vLLM servers with their renderer and engine."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from vlrl.vllm.client import KEY_ENV, VllmClient
+from vlrl.vllm.engine import VllmEngine
+from vlrl.vllm.renderer import VllmRenderer
+from vlrl.vllm.server import ServerConfig, VllmServer, new_api_key
+
+ATTACH_ENV = "VLRL_VLLM_URL"
+
+
+@dataclass(frozen=True)
+class VllmStack:
+    renderer: VllmRenderer
+    engine: VllmEngine
+    servers: tuple[VllmServer, ...]
+    config: ServerConfig
+    """The servers' limits (``max_model_len``, ``max_images_per_prompt``, ...), resolved."""
+
+    @property
+    def url(self) -> str:
+        return self.engine.client.urls[0]
+
+    def close(self) -> None:
+        """Close the client; stop the servers this stack started (attached ones keep running)."""
+        self.engine.close()
+        for s in self.servers:
+            s.stop()
+
+    def __enter__(self) -> "VllmStack":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def vllm_stack(model_dir: str | os.PathLike, *, max_images_per_prompt: int | None = None,
+               max_model_len: int | None = None, kv_cache_gib: int | None = None, n_servers: int = 1,
+               urls: str | list[str] | None = None, api_key: str | None = None, **server_kwargs) -> VllmStack:
+    """Start ``n_servers`` servers for ``model_dir`` (round-robin behind one client); renderer + engine on them.
+
+    Limits come from the run (``vlrl.vllm.limits``): ``max_model_len`` defaults to the model's
+    ``max_position_embeddings`` (the embedded engine's context); ``max_images_per_prompt`` to every
+    image that context can hold — pass ``episode_images(env, extras, max_turns)`` for a run's env. A
+    limit that cannot fit raises ``VllmLimitError`` before anything starts.
+
+    The servers get a fresh API key (``api_key`` to choose one) on every route but /health and
+    /version (``vlrl.vllm.auth``); the stack's client sends it.
+
+    ``urls`` (or ``$VLRL_VLLM_URL``, comma-separated) attaches to servers already running for
+    ``model_dir`` (e.g. ``vlrl serve``) instead of starting any, with ``api_key`` or
+    ``$VLRL_VLLM_API_KEY``; weight sync then reloads *those* servers, and closing the stack leaves
+    them running. The limits given must then be the ones those servers were started with.
+    """
+    if urls is None and os.environ.get(ATTACH_ENV):
+        urls = [u.strip() for u in os.environ[ATTACH_ENV].split(",") if u.strip()]
+    if urls:
+        api_key = api_key or os.environ.get(KEY_ENV)  # none: a 401 then says which variable to set
+    cfg = ServerConfig(str(model_dir), max_model_len=max_model_len, max_images_per_prompt=max_images_per_prompt,
+                       kv_cache_gib=kv_cache_gib, api_key=api_key or new_api_key(), **server_kwargs)
+    servers = () if urls else _start(cfg, n_servers)
+    client = VllmClient(urls or [s.url for s in servers], api_key=cfg.api_key)
+    renderer = VllmRenderer.from_pretrained(model_dir, client, model=cfg.served_model_name)
+    engine = VllmEngine.from_pretrained(model_dir, client, max_context=cfg.max_model_len, model=cfg.served_model_name)
+    return VllmStack(renderer, engine, servers, cfg)
+
+
+def _start(cfg: ServerConfig, n: int) -> tuple[VllmServer, ...]:
+    """Launch ``n`` servers side by side, then wait for each; on any failure stop them all."""
+    servers: list[VllmServer] = []
+    try:
+        for _ in range(n):
+            servers.append(VllmServer(cfg).launch())
+        for s in servers:
+            s.wait_ready()
+    except BaseException:
+        for s in servers:
+            s.stop()
+        raise
+    return tuple(servers)

@@ -1,0 +1,224 @@
+"""Weight sync for vLLM servers: :class:`WeightSync`, owned by :class:`vlrl.vllm.engine.VllmEngine`.
+
+**CPU (implemented, tested)**: the trainer's tensors are merged into a full local copy of the
+checkpoint (so partial updates work; ``vlrl.vllm.checkpoint``), written as one safetensors file
+into a fresh directory next to the served checkpoint's config, and every server reloads it in place:
+
+    POST /pause?mode=wait            let in-flight requests finish, hold new ones
+    POST /collective_rpc             {"method": "vlrl_reload_weights", "kwargs": {"weights_path": DIR}}
+                                     (vLLM's reload_weights, which also drops the encoder and multimodal
+                                     caches, then re-packs tied LM heads: see ``vlrl.vllm.worker``)
+    POST /reset_prefix_cache         KV blocks computed with the old weights must not be reused
+    POST /reset_encoder_cache        (see :meth:`WeightSync._reset_caches`)
+    POST /update_weight_version      generate answers then carry the new version per token span
+    POST /resume
+
+then verified: ``/weight_checker`` checksums are taken before and after; a sync that changed tensors
+must change the server's checksums and one that changed nothing must leave them identical. That
+proves the reload happened; that the server now holds *the trainer's* values is proved by a logprob
+probe (:meth:`WeightSync.verify`: one image prompt + fixed text, against a forward of the trainer's
+model). Every route here needs the run's API key (``vlrl.vllm.auth``); the client sends it.
+
+**GPU hosts (designed, not exercised here)**: no disk round trip. vLLM's weight-transfer API
+(server flag ``--weight-transfer-config``, routes under ``VLLM_SERVER_DEV_MODE=1``):
+``POST /init_weight_transfer_engine {"init_info": {...}}`` once, joining the trainer rank and the
+vLLM workers in an NCCL group (backend ``nccl``; ``ipc`` when trainer and server share GPUs);
+per step: ``/pause?mode=keep``, ``/start_weight_update``, ``/update_weights {"update_info": ...}``
+while the trainer broadcasts the tensors, ``/finish_weight_update {"weight_version": v}``,
+``/resume``; verified by the same probe. See ``../shared/reference/vllm-versions.md`` §5.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Sequence
+
+from vlrl.render.types import RenderedPrompt
+from vlrl.vllm.checkpoint import CheckpointWriter, verify_checksums
+from vlrl.vllm.client import GENERATE, VllmClient
+from vlrl.vllm.renderer import VllmRenderer, generate_features
+from vlrl.vllm.server import VllmServerError
+from vlrl.vllm.worker import HEAD_CHECK_TOL
+
+PROBE_TOL = 1e-4
+
+
+class WeightSync:
+    """What the servers behind one client hold: the served checkpoint plus merged updates (written on
+    each sync), the version, and the logprob probe that proves they hold a given model's weights."""
+
+    def __init__(self, client: VllmClient, tokenizer, *, model: str, model_dir: str | None):
+        self.client = client
+        self.tokenizer = tokenizer
+        self.model = model
+        self.model_dir = model_dir
+        self.version = 0
+        self.last_probe_delta: float | None = None
+        self._writer: CheckpointWriter | None = None
+        self._probe: RenderedPrompt | None = None
+        self._image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+
+    # ------------------------------------------------------------------ sync
+
+    def update(self, named_tensors, version: int | None = None, *, reference_model=None) -> int:
+        """Write the new weights once, reload them on every live server, verify; returns the new version."""
+        if self.model_dir is None:
+            raise VllmServerError("update_weights needs the served checkpoint dir (VllmEngine(model_dir=...))")
+        if self._writer is None:
+            from vlrl.models.build import default_cache_root
+
+            root = default_cache_root() / "vllm" / "weights" / f"{os.getpid()}-{id(self):x}"
+            self._writer = CheckpointWriter(self.model_dir, root)
+        version = self.version + 1 if version is None else int(version)
+        n_changed = len(self._writer.merge(named_tensors))
+        path = self._writer.write(version)
+        for url in self.client.live_urls():  # a server marked dead gets no more requests
+            self.client.run(self._reload(url, str(path), version, "weight sync", n_changed=n_changed))
+        self._writer.prune(path)
+        self.version = version
+        if reference_model is not None:
+            self.verify(reference_model)
+        return version
+
+    def reload_checkpoint(self, path: str | None = None, version: int = 0) -> None:
+        """Every live server back on a checkpoint dir (default: the served one); merged updates forgotten.
+
+        Unlike :meth:`update` this assumes nothing about what the servers held before (another client
+        may have synced them), so no checksum comparison; prove the result with :meth:`verify`."""
+        path = str(path or self.model_dir)
+        for url in self.client.live_urls():
+            self.client.run(self._reload(url, path, version, "reload checkpoint"))
+        self._writer = None
+        self.version = version
+
+    async def _reload(self, url: str, path: str, version: int, what: str, *, n_changed: int | None = None) -> None:
+        post = self.client.post
+        before = await self._checksums(url) if n_changed is not None else None
+        await post(url, "/pause?mode=wait", {}, what=f"{what} (pause)")
+        try:
+            data = await post(url, "/collective_rpc", {"method": "vlrl_reload_weights",
+                                                       "kwargs": {"weights_path": path}}, what=f"{what} (reload)")
+            check_packed(url, data)
+            await self._reset_caches(url, what)
+            await post(url, "/update_weight_version", {"new_version": str(version)}, what=f"{what} (version)")
+        finally:
+            await post(url, "/resume", {}, what=f"{what} (resume)")
+        if before is not None:
+            verify_checksums(url, before, await self._checksums(url), n_changed)
+
+    async def _reset_caches(self, url: str, what: str) -> None:
+        """After a reload: KV blocks and vision-encoder outputs computed with the old weights must not be reused.
+
+        ``/reset_encoder_cache`` clears the scheduler's encoder-cache bookkeeping *and* the worker's
+        cache; the worker's ``reload_weights`` clears only the latter, after which the scheduler
+        skips the encoder for an image it believes cached and the engine dies ("Encoder cache miss")."""
+        await self.client.post(url, "/reset_prefix_cache", {}, what=f"{what} (reset_prefix_cache)")
+        await self.client.post(url, "/reset_encoder_cache", {}, what=f"{what} (reset_encoder_cache)")
+
+    async def _checksums(self, url: str) -> dict[str, str]:
+        data = await self.client.post(url, "/weight_checker", {"action": "checksum"}, what="weight checksums")
+        sums = data.get("checksums")
+        if not isinstance(sums, dict) or not sums:
+            raise VllmServerError(f"{url}/weight_checker answered garbage: no checksums")
+        return sums
+
+    # ------------------------------------------------------------------ probe
+
+    def probe_logprobs(self, prompt: Sequence[int] | RenderedPrompt, url: str) -> list[float]:
+        return self.client.run(self._aprobe(prompt, url))
+
+    async def _aprobe(self, prompt: Sequence[int] | RenderedPrompt, url: str) -> list[float]:
+        """Prompt logprobs (raw, T = 1) of ``prompt``'s tokens 1.. from one server."""
+        rendered = isinstance(prompt, RenderedPrompt)
+        ids = list(prompt.token_ids) if rendered else list(prompt)
+        body = {"model": self.model, "token_ids": ids, "output_mode": "tokens",
+                "sampling_params": {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0, "detokenize": False}}
+        if rendered and prompt.n_images:
+            body["features"] = generate_features(prompt, self._image_token_id)
+        data = await self.client.post(url, GENERATE, body, what="logprob probe")
+        entries = data.get("prompt_logprobs")
+        if not isinstance(entries, list) or len(entries) != len(ids):
+            raise VllmServerError(f"{url}: logprob probe answered garbage (prompt_logprobs {type(entries).__name__})")
+        out = []
+        for tok, entry in zip(ids[1:], entries[1:]):
+            if not isinstance(entry, dict) or str(tok) not in entry:
+                raise VllmServerError(f"{url}: logprob probe has no logprob for token {tok}")
+            out.append(float(entry[str(tok)]["logprob"]))
+        return out
+
+    def probe_prompt(self) -> RenderedPrompt:
+        """The probe: one rendered image prompt (vision tower, merger, mRoPE) + fixed text ids (LM, head).
+
+        Rendered once by the servers themselves; every server gets the same payload."""
+        if self._probe is None:
+            import numpy as np
+            from PIL import Image
+
+            from vlrl.messages import image_part, text_part
+
+            img = Image.fromarray(np.random.default_rng(12345).integers(0, 255, (56, 84, 3), dtype=np.uint8))
+            renderer = VllmRenderer(self.client, self.tokenizer, model=self.model)
+            rendered = renderer.render([{"role": "user", "content": [image_part(img), text_part("weights probe")]}])
+            self._probe = dataclasses.replace(rendered, token_ids=rendered.token_ids + tuple(probe_ids(self.tokenizer)))
+        return self._probe
+
+    def verify(self, model, tol: float = PROBE_TOL) -> float:
+        """Max |Δ| between every live server's probe logprobs and ``model``'s; raises above ``tol``.
+
+        The probe runs the image through the vision tower and the text through the LM and its head,
+        so stale weights anywhere show up as a logprob difference."""
+        prompt = self.probe_prompt()
+        want = reference_logprobs(model, prompt)
+        worst = 0.0
+        for url in self.client.live_urls():
+            got = self.probe_logprobs(prompt, url)
+            delta = max(abs(a - b) for a, b in zip(got, want))
+            if not delta <= tol:
+                raise VllmServerError(f"weight sync at {url}: probe logprobs differ from the trainer's by {delta:.3g} "
+                                      f"(> {tol:g}): the server does not hold the trainer's weights")
+            worst = max(worst, delta)
+        self.last_probe_delta = worst
+        return worst
+
+
+def check_packed(url: str, data: dict) -> None:
+    """The worker's report after a reload: every packed embedding / LM-head matmul agrees with its weight."""
+    results = data.get("results")
+    if not isinstance(results, list) or not results or not all(isinstance(r, dict) for r in results):
+        raise VllmServerError(f"weight sync at {url}: vlrl_reload_weights answered {str(data)[:300]!r} "
+                              "(is the server started with --worker-extension-cls "
+                              "vlrl.vllm.worker.VlrlWorkerExtension?)")
+    for r in results:
+        bad = {k: v for k, v in (r.get("packed_error") or {}).items() if not v <= HEAD_CHECK_TOL}
+        if bad:
+            raise VllmServerError(f"weight sync at {url}: packed matmuls differ from their reloaded weights: {bad}")
+
+
+def probe_ids(tokenizer, n: int = 24) -> list[int]:
+    """A fixed text-only probe sequence (ids spread over the vocabulary, no special or vision tokens)."""
+    from vlrl.models.tokenizer import VISION_TOKENS
+
+    vocab = len(tokenizer)
+    specials = set(tokenizer.all_special_ids) | {tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+    ids = [(1009 * (i + 1)) % min(vocab, 150_000) for i in range(4 * n)]
+    return [t for t in ids if t not in specials][:n]
+
+
+def reference_logprobs(model, prompt: Sequence[int] | RenderedPrompt) -> list[float]:
+    """``model``'s raw (T = 1, full vocabulary) logprobs of ``prompt``'s tokens 1.. (ids or a RenderedPrompt)."""
+    import torch
+
+    from vlrl.models.positions import mm_token_type_ids
+
+    rendered = isinstance(prompt, RenderedPrompt)
+    token_ids = list(prompt.token_ids) if rendered else list(prompt)
+    with torch.no_grad():
+        ids = torch.tensor([token_ids])
+        kw = {}
+        if rendered and prompt.n_images:
+            kw = {"pixel_values": prompt.pixel_values, "image_grid_thw": prompt.image_grid_thw,
+                  "mm_token_type_ids": mm_token_type_ids(ids, model.config.image_token_id, model.config.video_token_id)}
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **kw).logits[0].float()
+        lp = torch.log_softmax(logits[:-1], -1).gather(1, ids[0, 1:, None])[:, 0]
+    return lp.tolist()
