@@ -6,6 +6,7 @@
         run.assert_learned(0.9)                              # final eval reward
         run.assert_agreement_held()                          # rollout vs trainer logprobs, every step
         run.assert_all_parameters_changed()
+        run.assert_images_mattered()                         # with run.image_probe=true
 
 The run's curves, drift histogram and rollout strips are attached to the test's row of the HTML
 report (pytest-html), whether it passes or fails.
@@ -38,6 +39,11 @@ class TrainedRun:
         from vlrl.checks.training import agreement_held
 
         agreement_held(self.record, steps=len(self.record.phase("rl")))
+
+    def assert_images_mattered(self) -> None:
+        from vlrl.checks.training import images_mattered
+
+        images_mattered(self.record)
 
     def assert_all_parameters_changed(self) -> None:
         from vlrl.checks.training import TrainingCheckError, changed_parameters

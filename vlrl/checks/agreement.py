@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
+from vlrl.checks.bounds import AgreementBounds
+
 if TYPE_CHECKING:
     import torch
 
@@ -25,47 +27,6 @@ class LogprobDisagreementError(RuntimeError):
     def __init__(self, message: str, report: "AgreementReport"):
         super().__init__(message)
         self.report = report
-
-
-@dataclass(frozen=True)
-class AgreementBounds:
-    """Largest disagreement accepted. ``for_dtype`` gives the measured defaults (see its docstring)."""
-
-    max_abs: float
-    """Largest |rollout − trainer| logprob over generated tokens."""
-    mean_abs: float
-    """Mean |Δ| over generated tokens."""
-    k3: float
-    """Mean k3 estimate of KL(rollout ‖ trainer) per token: mean(exp(r) − 1 − r), r = trainer − rollout."""
-    vocab_kl: float
-    """Largest KL over the whole vocabulary at a probed position (engine top-k + tail bucket)."""
-    min_topk_overlap: float
-    """Smallest tie-aware top-k overlap at a probed position (fraction of the engine's k ids)."""
-
-    @classmethod
-    def for_dtype(cls, dtype: Any) -> "AgreementBounds":
-        """Defaults by the model's weight dtype.
-
-        fp32: both sides do the same fp32 math in different batch shapes (KV-cache decode vs one
-        full forward); measured on the tiny models max |Δ| ≤ 1e-6, mean ≤ 2.4e-7, k3 ≤ 1.2e-13,
-        vocabulary KL ≤ 1.3e-16, top-5 overlap 1.0. The bounds leave about two decades; the
-        smallest fault the tests inject (positions without the grid, Qwen2-VL) gives max |Δ| 1.5e-3.
-        bf16 / fp16: logits come out of bf16 matmuls whose reduction order differs between a
-        1-token decode step and a full-sequence forward. Measured on the tiny models (CPU, bf16,
-        T ∈ {1, 0.7}): max |Δ| ≤ 0.003, mean ≤ 4e-4, k3 ≤ 2.2e-7, vocabulary KL ≤ 3e-9, exact
-        top-5 overlap 0.8 (near-ties swap), tie-aware 1.0. Their distributions are near-uniform,
-        so real bf16 checkpoints drift more; SkyRL's e2e runs on real models accept mean |Δ| ≈
-        0.01–0.02. Defaults: mean 0.01 (drift, the bound that matters), max 0.5 (a gross-error
-        guard: rare tail tokens of real models reach a few tenths), k3 1e-3, vocabulary KL 1e-3.
-        At these bounds the fault tests' temperature and vision faults (mean |Δ| 0.03–0.06 on the
-        tiny models) are still caught in bf16; the positions fault on Qwen2/2.5 (mean 3e-4) is not.
-        """
-        name = str(dtype).replace("torch.", "")
-        if name in ("float32", "float64"):
-            return cls(max_abs=1e-4, mean_abs=2e-5, k3=1e-7, vocab_kl=1e-6, min_topk_overlap=1.0)
-        if name in ("bfloat16", "float16", "half"):
-            return cls(max_abs=0.5, mean_abs=0.01, k3=1e-3, vocab_kl=1e-3, min_topk_overlap=0.6)
-        raise ValueError(f"no default agreement bounds for dtype {dtype!r}; pass AgreementBounds explicitly")
 
 
 @dataclass(frozen=True)

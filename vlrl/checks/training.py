@@ -2,7 +2,8 @@
 
 - :func:`learned`: the final eval reward reaches a threshold;
 - :func:`agreement_held`: rollout and trainer logprobs agreed within bound at every RL step;
-- :func:`changed_parameters`: which trainable parameters the run left unchanged.
+- :func:`changed_parameters`: which trainable parameters the run left unchanged;
+- :func:`images_mattered`: every image-sensitivity probe of the run (``run.image_probe``) passed.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ class RunRecord:
     summary: dict
     metrics: list[dict] = field(default_factory=list)
     agreement: list[dict] = field(default_factory=list)
+    image_sensitivity: list[dict] = field(default_factory=list)
 
     @classmethod
     def load(cls, run_dir: str | Path) -> "RunRecord":
         d = Path(run_dir)
         summary = json.loads((d / "summary.json").read_text()) if (d / "summary.json").exists() else {}
-        return cls(d, summary, read_jsonl(d / "metrics.jsonl"), read_jsonl(d / "agreement.jsonl"))
+        return cls(d, summary, read_jsonl(d / "metrics.jsonl"), read_jsonl(d / "agreement.jsonl"),
+                   read_jsonl(d / "image_sensitivity.jsonl"))
 
     def phase(self, name: str) -> list[dict]:
         return [m for m in self.metrics if m.get("phase") == name]
@@ -63,6 +66,18 @@ def agreement_held(record: RunRecord, steps: int | None = None) -> None:
         worst = max(bad, key=lambda a: a["max_abs"])
         raise TrainingCheckError(f"logprob agreement breached at {len(bad)} step(s); worst step {worst['step']}: "
                                  f"max |Δ| {worst['max_abs']:.3g} > bound {worst['bound']:.3g}")
+
+
+def images_mattered(record: RunRecord) -> None:
+    """Every image-sensitivity probe logged by the run passed (and at least one ran)."""
+    rows = record.image_sensitivity
+    if not rows:
+        raise TrainingCheckError(f"{record.dir}: no image-sensitivity probe ran (set run.image_probe=true)")
+    bad = [r for r in rows if not r["passed"]]
+    if bad:
+        r = bad[0]
+        raise TrainingCheckError(f"image-sensitivity probe '{r['label']}' failed: {r['sensitive_fraction']:.0%} of "
+                                 f"{r['turns']} turns moved by >= {r['min_mean_abs']:g} when their image changed")
 
 
 def changed_parameters(before: dict, after: dict) -> list[str]:

@@ -44,6 +44,11 @@ SIZES: dict[str, Size] = {
     "tiny": Size(hidden=64, intermediate=128, layers=2, heads=2, kv_heads=1, vision_depth=2, vision_hidden=64,
                  vision_intermediate=128, vision_heads=2, min_pixels=56 * 56, max_pixels=224 * 224,
                  max_position_embeddings=4096, tie_word_embeddings=True),
+    # tiny with grouped-query attention (4 heads over 2 kv heads, as the 2b model groups 12 over 2): the
+    # batch-invariance property runs on both kv layouts (one kv head is what exposed the SDPA stride-0 bug).
+    "tiny_kv2": Size(hidden=128, intermediate=256, layers=2, heads=4, kv_heads=2, vision_depth=2, vision_hidden=64,
+                     vision_intermediate=128, vision_heads=2, min_pixels=56 * 56, max_pixels=224 * 224,
+                     max_position_embeddings=4096, tie_word_embeddings=True),
     # The GPU benchmark model: ≈2.2 B params, Qwen2-VL-2B-like shapes with a 32-block vision tower.
     "2b": Size(hidden=1536, intermediate=8960, layers=28, heads=12, kv_heads=2, vision_depth=32, vision_hidden=1280,
                vision_intermediate=3420, vision_heads=16, min_pixels=56 * 56, max_pixels=1280 * 28 * 28,

@@ -1,0 +1,61 @@
+"""The CUDA attention-kernel bug behind the maze2d GPU disagreement, and the checks that catch it.
+
+On an H100 (torch 2.11, fp32) SDPA's memory-efficient kernel, given k/v that are a stride-0 view on the
+head axis (what transformers' ``repeat_kv`` returns for one kv head) and an explicit mask, returned a
+wrong last query row at key lengths ≡ 1 mod 64 (see ``vlrl.models.attention``). These tests show the
+bug where the kernel still has it, that the batch-invariance check fails on the engine that reached it
+(transformers' ``sdpa`` attention, the engine as of 5bd18d2) and passes with ``vlrl_sdpa``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "checks"))
+from invariance_cases import prompt_of_length, stack  # noqa: E402
+
+from vlrl.checks.batch_invariance import check_batch_invariance  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def kernel_error(length: int, contiguous: bool) -> float:
+    """Largest |Δ| of SDPA's output vs the math backend, fp32, B=8, 2 heads over one kv head, a padding mask."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(8, 2, length, 32, device="cuda", generator=g)
+    kv = torch.randn(2, 8, 1, length, 32, device="cuda", generator=g)
+    k, v = (t.expand(8, 2, length, 32) for t in kv)  # stride 0 on the head axis, as repeat_kv returns
+    if contiguous:
+        k, v = k.contiguous(), v.contiguous()
+    mask = torch.ones(8, 1, length, length, dtype=torch.bool, device="cuda").tril()
+    mask[:, :, :, :7] = False  # left padding of 7 on every row
+    mask[:, :, :7, 0] = True   # (padding rows attend somewhere, as transformers' masks make them)
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        fast = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    with sdpa_kernel(SDPBackend.MATH):
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k.contiguous(), v.contiguous(), attn_mask=mask)
+    return float((fast - ref)[:, :, 7:].abs().max())
+
+
+def test_contiguous_kv_is_right_at_every_length():
+    for n in (33, 1025, 1408, 1409, 1410, 1857, 2049):
+        assert kernel_error(n, contiguous=True) < 1e-4, n
+
+
+def test_batch_invariance_check_catches_the_kernel_bug_and_vlrl_sdpa_fixes_it():
+    stride0 = {n: kernel_error(n, contiguous=False) for n in (1025, 1409, 1857)}
+    renderer, plain = stack("tiny", "float32", "cuda", attention="sdpa")
+    prompts = [prompt_of_length(renderer, n, k, seed=i) for i, (n, k) in enumerate([(1409, 2), (900, 1), (300, 0)])]
+    before = check_batch_invariance(plain, prompts, dtype="float32")
+    after = check_batch_invariance(stack("tiny", "float32", "cuda")[1], prompts, dtype="float32")
+    print(f"stride-0 kernel error by length: {stride0}\nsdpa: {before.summary()}\nvlrl_sdpa: {after.summary()}")
+    after.raise_if_failed()
+    if max(stride0.values()) < 1e-4:
+        pytest.skip(f"this GPU's SDPA kernel no longer has the stride-0 bug ({stride0}); vlrl_sdpa passed")
+    assert not before.passed, f"the check missed the kernel bug: {before.summary()}"
