@@ -14,8 +14,9 @@ case, whitespace and trailing punctuation, strict on content ("red or blue" is n
 
 from __future__ import annotations
 
+import random
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -128,3 +129,22 @@ def make_color_square(extras: Mapping[str, Any], seed: int | None) -> GymTextEnv
     return GymTextEnv(gym_env, parser=colour_parser(names), prompt=color_square_prompt(names, gym_env.n_turns),
                       max_turns=gym_env.n_turns, seed=seed, step_counter=False, env_class="color_square",
                       default_feedback="", example_actions=[f"<answer>{n}</answer>" for n in names])
+
+
+# ---------------------------------------------------------------- SFT experts (registered in vlrl.envs.builtin)
+
+def color_square_expert(env: GymTextEnv, row: Mapping[str, Any]) -> Iterator[str]:
+    """``color_square``: the colour of the current square as a bare word (the env accepts it; two tokens
+    with the end of turn, which a tiny model learns far faster than the tagged form)."""
+    game = env.gym_env.unwrapped
+    for _ in range(env.max_turns):
+        yield game.names[game.colour]
+
+
+def color_square_format_expert(env: GymTextEnv, row: Mapping[str, Any]) -> Iterator[str]:
+    """``color_square/format``: right format, colour drawn at random (seeded by the row): teaches the answer
+    format only, so the policy starts RL at chance and the reward has to teach it the colours."""
+    game = env.gym_env.unwrapped
+    rng = random.Random(row.get("seed"))
+    for _ in range(env.max_turns):
+        yield rng.choice(game.names)

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from vlrl.envs.contract import EnvError
 from vlrl.envs.maze2d import ACTION_NAMES, STOP, Maze2DEnv
+from vlrl.envs.maze_solver import expert_actions
 from vlrl.envs.text_env import GymTextEnv, ParsedAction
 
 # Turn budgets cover every maze's expert (moves + stop): the longest shortest paths in 20k mazes
@@ -136,3 +137,12 @@ def make_maze2d(level: str, extras: Mapping[str, Any], seed: int | None) -> GymT
     return GymTextEnv(Maze2DEnv(maze_width=size, maze_height=size), parser=parser,
                       prompt=maze_prompt(size, size, mode), max_turns=max_turns, seed=seed,
                       env_class=f"maze2d/{level}", example_actions=[action_text(a, mode) for a in ACTION_NAMES])
+
+
+def maze2d_expert(env: GymTextEnv, row: Mapping[str, Any]) -> Iterator[str]:
+    """The SFT expert of every maze2d level (registered as ``maze2d`` in vlrl.envs.builtin): a BFS
+    shortest path to the target, then stop, in the row's action format."""
+    game = env.gym_env.unwrapped
+    mode = str((row.get("extras") or {}).get("action_mode", "keyword"))
+    for action in expert_actions(game.maze_map, game.agent, game.target):
+        yield action_text(action, mode)

@@ -1,22 +1,30 @@
-"""The env registry: ``env_class`` name -> factory ``(extras, seed) -> Env``.
+"""The env and SFT-expert registries (:class:`vlrl.registry.Registry`).
 
-Built-in envs (maze2d/*, color_square, geometry, gym/*) register themselves the first time the
-registry is consulted, so importing this module stays cheap. Users register their own envs with
-the same call::
+- ``ENVS``: ``env_class`` name -> factory ``(extras, seed) -> Env``;
+- ``EXPERTS``: expert name -> rollout script ``(env, row) -> Iterator[str]`` (the replies of an expert
+  policy, read from the env's own state as the episode goes), defined beside its env.
+
+Built-ins (maze2d/*, color_square, geometry, gym/*, and their experts) register themselves the first
+time a registry is consulted, so importing this module stays cheap. Users register their own with
+the same calls::
 
     register_env("my_env", lambda extras, seed: MyEnv(seed=seed, **extras))
+    register_expert("my_env", my_expert)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from vlrl.envs.contract import Env, EnvError
+from vlrl.registry import DuplicateNameError, Registry, UnknownNameError
 
 EnvFactory = Callable[[Mapping[str, Any], "int | None"], Env]
+Expert = Callable[[Any, Mapping[str, Any]], Iterator[str]]
 
-_REGISTRY: dict[str, EnvFactory] = {}
+ENVS: Registry[EnvFactory] = Registry("env_class")
+EXPERTS: Registry[Expert] = Registry("expert")
 _BUILTINS_LOADED = False
 
 
@@ -29,24 +37,25 @@ def _ensure_builtins() -> None:
 
 def register_env(name: str, factory: EnvFactory, *, replace: bool = False) -> None:
     """Register ``factory(extras, seed) -> Env`` under ``name``; a duplicate raises unless ``replace``."""
-    if not isinstance(name, str) or not name:
-        raise EnvError(f"env name must be a non-empty string, got {name!r}")
     if not callable(factory):
         raise EnvError(f"factory for {name!r} is not callable")
-    if name in _REGISTRY and not replace:
-        raise EnvError(f"env {name!r} is already registered; pass replace=True to override it")
-    _REGISTRY[name] = factory
+    try:
+        ENVS.add(name, factory, replace=replace)
+    except DuplicateNameError:
+        raise EnvError(f"env {name!r} is already registered; pass replace=True to override it") from None
+    except ValueError as exc:
+        raise EnvError(f"env name must be a non-empty string, got {name!r}") from exc
 
 
 def unregister_env(name: str) -> None:
     """Remove a registration (tests that register envs on the fly clean up with this)."""
-    _REGISTRY.pop(name, None)
+    ENVS.remove(name)
 
 
 def registered_envs() -> list[str]:
     """Sorted names of every registered env, built-ins included."""
     _ensure_builtins()
-    return sorted(_REGISTRY)
+    return list(ENVS.names())
 
 
 def make_env(env_class: str, extras: Mapping[str, Any] | None = None, seed: int | None = None) -> Env:
@@ -57,13 +66,14 @@ def make_env(env_class: str, extras: Mapping[str, Any] | None = None, seed: int 
     """
     _ensure_builtins()
     extras = dict(extras or {})
-    factory = _REGISTRY.get(env_class)
-    if factory is None and isinstance(env_class, str) and env_class.startswith("gym/"):
+    if isinstance(env_class, str) and env_class.startswith("gym/") and env_class not in ENVS:
         from vlrl.envs.gym_adapter import make_gym_env_from_extras
 
         return make_gym_env_from_extras(env_class[len("gym/"):], extras, seed)
-    if factory is None:
-        raise EnvError(f"unknown env_class {env_class!r}; registered: {', '.join(registered_envs())}")
+    try:
+        factory = ENVS.get(env_class)
+    except UnknownNameError as exc:
+        raise EnvError(f"unknown env_class {env_class!r}; registered: {', '.join(ENVS.names())}") from exc
     return factory(extras, seed)
 
 
@@ -83,3 +93,24 @@ def env_factory(env_class: str, extras: Mapping[str, Any] | None = None) -> Call
 
     make.__name__ = f"make_{env_class.replace('/', '_')}"
     return make
+
+
+def register_expert(name: str, expert: Expert, *, replace: bool = False) -> None:
+    """Register an SFT expert script ``(env, row) -> replies`` under ``name`` (usually its env's name)."""
+    if not callable(expert):
+        raise EnvError(f"expert {name!r} is not callable")
+    try:
+        EXPERTS.add(name, expert, replace=replace)
+    except DuplicateNameError:
+        raise EnvError(f"expert {name!r} is already registered; pass replace=True to override it") from None
+
+
+def expert_for(name: str) -> Expert:
+    """An expert by name (``maze2d`` serves every maze level); an unknown name lists the registered ones."""
+    _ensure_builtins()
+    return EXPERTS.get(name)
+
+
+def registered_experts() -> list[str]:
+    _ensure_builtins()
+    return list(EXPERTS.names())

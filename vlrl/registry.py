@@ -1,0 +1,80 @@
+"""The one registry mechanism: a named dict of things of one kind (functions, env factories, experts).
+
+Each family owns one module-level :class:`Registry`: algorithm variants (advantages, policy losses,
+aggregations, KL estimators, correction levels and modes, in ``vlrl.algos``), envs and SFT experts
+(``vlrl.envs.registry``). ``register("name")`` (a decorator) and ``add(name, obj)`` refuse a name
+that is already taken unless told to replace it; ``get(name)`` names the valid choices when asked
+for an unknown one. Callers select by looking up, never through ``if name == ...`` chains.
+Standard library only: ``vlrl.algos`` and ``vlrl.envs`` import it and stay light.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Generic, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+class UnknownNameError(KeyError):
+    """A name that nothing of this family is registered under."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0])
+
+
+class DuplicateNameError(ValueError):
+    """A second registration under a name that is already taken."""
+
+
+def _describe(obj: object) -> str:
+    return getattr(obj, "__qualname__", None) or repr(obj)
+
+
+class Registry(Generic[T]):
+    """A named ``dict[str, T]`` with refusing registration and a helpful ``get``."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def add(self, name: str, obj: T, *, replace: bool = False) -> T:
+        """File ``obj`` under ``name``; raise :class:`DuplicateNameError` if taken (unless ``replace``)."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")
+        if name in self._items and not replace:
+            raise DuplicateNameError(f"{self.kind} {name!r} is already registered (by {_describe(self._items[name])})")
+        self._items[name] = obj
+        return obj
+
+    def register(self, name: str, *, replace: bool = False) -> Callable[[T], T]:
+        """Decorator form of :meth:`add`."""
+
+        def deco(obj: T) -> T:
+            return self.add(name, obj, replace=replace)
+
+        return deco
+
+    def remove(self, name: str) -> None:
+        """Forget ``name`` (no error if absent): tests that register on the fly clean up with this."""
+        self._items.pop(name, None)
+
+    def get(self, name: str) -> T:
+        """The thing filed under ``name``; the error lists every valid name."""
+        try:
+            return self._items[name]
+        except (KeyError, TypeError):
+            valid = ", ".join(sorted(self._items)) or "(none registered)"
+            raise UnknownNameError(f"unknown {self.kind} {name!r}; valid names: {valid}") from None
+
+    def names(self) -> tuple[str, ...]:
+        """Registered names, sorted."""
+        return tuple(sorted(self._items))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._items)
