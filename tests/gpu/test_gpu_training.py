@@ -43,10 +43,11 @@ def test_smallest_maze_sft_then_grpo(vlrl_train, dtype):
 
 
 def test_geometry_grpo_runs_with_agreement_held(vlrl_train):
-    """geometry from the random init: no expert, so reward is not expected to move; the run must keep
-    agreement (tool-call turns, up to 3) and update every parameter."""
-    run = vlrl_train("geometry", "run.steps=2", "rollout.rows_per_step=4", "rollout.repeats=4",
-                     "rollout.max_tokens=48", "data.eval_rows=4", "run.eval_every=0")
-    assert len(run.record.phase("rl")) == 2
+    """geometry: SFT on boxed answers, then GRPO. A tiny random-init model cannot solve the problems, so
+    reward is not expected to move; the run must keep agreement (tool-call turns, up to 3), and every
+    parameter moves (SFT's gradient reaches the vision tower through the diagram's tokens)."""
+    run = vlrl_train("geometry", "sft.steps=10", "run.steps=2", "rollout.rows_per_step=4", "rollout.repeats=4",
+                     "rollout.max_tokens=48", "data.eval_rows=8", "run.eval_every=0")
+    assert len(run.record.phase("rl")) == 2 and len(run.record.phase("sft")) == 10
     run.assert_agreement_held()
     run.assert_all_parameters_changed()

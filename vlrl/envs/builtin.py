@@ -58,6 +58,7 @@ def _register() -> None:
     register_expert("maze2d", _lazy("vlrl.envs.maze_text:maze2d_expert"), replace=True)
     register_expert("color_square", _lazy("vlrl.envs.color_square:color_square_expert"), replace=True)
     register_expert("color_square/format", _lazy("vlrl.envs.color_square:color_square_format_expert"), replace=True)
+    register_expert("geometry", _lazy("vlrl.envs.geometry.expert:geometry_expert"), replace=True)
 
 
 _register()
