@@ -28,9 +28,9 @@ class BadInputError(VlrlError, ValueError):
 
 
 class ContextOverflowError(BadInputError):
-    """A prompt that does not fit the model's context."""
+    """A prompt that does not fit the model's context (``detail`` replaces the default sentence)."""
 
-    def __init__(self, n_tokens: int, limit: int):
+    def __init__(self, n_tokens: int, limit: int, detail: str | None = None):
         self.n_tokens = n_tokens
         self.limit = limit
-        super().__init__(f"prompt has {n_tokens} tokens, more than the context limit of {limit}")
+        super().__init__(detail or f"prompt has {n_tokens} tokens, more than the context limit of {limit}")

@@ -1,51 +1,58 @@
-"""OpenAI-format conversations: building image parts and checking what comes in.
+"""OpenAI-format conversations: building image parts, checking what comes in, decoding images once.
 
-The conversation is vlrl's source of truth. Images travel inside it as ``image_url`` parts
-holding data URIs (PNG or JPEG); envs build them with :func:`image_part`, the renderer reads
-them back with :func:`load_image`. Validation errors name the message and part index.
+The conversation is vlrl's source of truth. Images travel inside it as ``image_url`` parts holding
+data URIs (PNG or JPEG); envs build them with :func:`image_part`. Every accepted image-part form
+(below) is turned into that one canonical form by :func:`normalize_messages`, which both renderers
+go through, and every image is decoded to the pixels the model receives by one function,
+:func:`load_image` — the way the inference stack (vLLM) decodes, so both renderers see the same
+pixels. Validation errors name the message and part index.
+
+Accepted image parts: ``{"type": "image_url", "image_url": {"url": URI}}``, ``{"type": "image_url",
+"image_url": URI}``, and ``{"type": "image", "image": PIL image | [H, W, 3] uint8 array | URI}`` (or
+``"url": URI`` / ``"image_url": ...`` in place of ``"image"``). URIs must be ``data:`` URIs.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
-import io
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from vlrl.errors import BadInputError
+from vlrl.image_decode import ImageLimits, canonical_uri, decode_data_uri, encode_png_or_jpeg, model_image
+
+__all__ = ["ROLES", "IMAGE_PART_TYPES", "TEXT_PART_TYPES", "SUPPORTED_IMAGE_FORMATS", "VISION_TOKENS",
+           "TURN_TOKENS", "RESERVED_IN_TEXT", "ImageLimits", "PreparedMessages", "encode_image", "image_part",
+           "text_part", "user_message", "load_image", "image_hash", "iter_parts", "validate_messages",
+           "prepare_messages", "normalize_messages"]
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 TEXT_PART_TYPES = frozenset({"text"})
 IMAGE_PART_TYPES = frozenset({"image_url", "image"})
 SUPPORTED_IMAGE_FORMATS = frozenset({"PNG", "JPEG"})
-_MIME = {"PNG": "image/png", "JPEG": "image/jpeg"}
 
-
-@dataclass(frozen=True)
-class ImageLimits:
-    """Bounds an incoming image must respect. ``max_pixels`` is width × height before resizing."""
-
-    max_pixels: int = 4096 * 4096
-    max_data_uri_bytes: int = 64 * 1024 * 1024
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+"""Refused in any text: they would desynchronise images from their placeholders."""
+TURN_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+"""Refused outside assistant text: the tokenizer reads them as real turn boundaries, so env or user
+text holding them could fake a turn. (An assistant turn is the model's own output, kept as generated.)"""
+RESERVED_IN_TEXT = VISION_TOKENS  # the name the renderers imported before control tokens were checked too
+_UNLIMITED = ImageLimits(max_pixels=1 << 62, max_aspect_ratio=float("inf"))  # encoding what an env drew
 
 
 # ---------------------------------------------------------------- building
 
 
 def encode_image(image: Image.Image | np.ndarray, fmt: str = "PNG") -> str:
-    """Return a ``data:image/...;base64,`` URI for an RGB image (PIL or ``[H, W, 3]`` uint8)."""
+    """A ``data:image/...;base64,`` URI of the pixels the model will see for ``image`` (PIL or
+    ``[H, W, 3]`` uint8): PIL images are decoded like any other (EXIF orientation, transparency onto white)."""
     fmt = fmt.upper()
     if fmt not in SUPPORTED_IMAGE_FORMATS:
         raise BadInputError(f"cannot encode image as {fmt!r}; supported: {sorted(SUPPORTED_IMAGE_FORMATS)}")
-    pil = _as_pil(image, "image")
-    buf = io.BytesIO()
-    pil.save(buf, format=fmt)
-    return f"data:{_MIME[fmt]};base64,{base64.b64encode(buf.getvalue()).decode('ascii')}"
+    return encode_png_or_jpeg(model_image(image, "image", {}, _UNLIMITED), fmt)
 
 
 def image_part(image: Image.Image | np.ndarray, fmt: str = "PNG") -> dict[str, Any]:
@@ -63,35 +70,46 @@ def user_message(*parts: dict[str, Any] | str) -> dict[str, Any]:
     return {"role": "user", "content": content}
 
 
-# ---------------------------------------------------------------- reading
+# ---------------------------------------------------------------- reading images
 
 
 def load_image(part: dict[str, Any], *, message_index: int | None = None, part_index: int | None = None,
                limits: ImageLimits = ImageLimits()) -> Image.Image:
-    """Decode an image content part into an RGB PIL image, or raise :class:`BadInputError`.
+    """Decode an image content part (any accepted form) into the RGB image the model receives, or
+    raise :class:`BadInputError` naming the message and part."""
+    return _decode_part(part, {"message_index": message_index, "part_index": part_index}, limits)[0]
 
-    Accepts ``{"type": "image_url", "image_url": {"url": "data:..."}}`` (or ``"image_url": "data:..."``),
-    and ``{"type": "image", "image": <PIL image | RGB array | data URI>}``.
-    """
-    where = {"message_index": message_index, "part_index": part_index}
+
+def _decode_part(part: dict[str, Any], where: dict[str, int | None],
+                 limits: ImageLimits) -> tuple[Image.Image, str]:
+    """``(model RGB image, canonical data URI)`` of an image part; the URI decodes to exactly that image."""
+    payload = _payload(part, where)
+    if isinstance(payload, str):
+        image, source = decode_data_uri(payload, limits, where)
+        return image, canonical_uri(payload, source, image)
+    image = model_image(payload, "image part", where, limits)
+    return image, encode_png_or_jpeg(image, "PNG")
+
+
+def _payload(part: dict[str, Any], where: dict[str, int | None]) -> Any:
     if part.get("type") == "image_url":
         spec = part.get("image_url")
         url = spec.get("url") if isinstance(spec, dict) else spec
         if not isinstance(url, str):
             raise BadInputError("image_url part has no 'url' string", **where)
-        return _decode_data_uri(url, limits, where)
-    payload = part.get("image")
-    if isinstance(payload, str):
-        return _decode_data_uri(payload, limits, where)
-    if payload is None:
-        raise BadInputError("image part has no 'image' value", **where)
-    pil = _as_pil(payload, "image part", where)
-    _check_size(pil, limits, where)
-    return pil
+        return url
+    for key in ("image", "url", "image_url"):
+        value = part.get(key)
+        if isinstance(value, dict):
+            value = value.get("url")
+        if value is not None:
+            return value
+    raise BadInputError("image part has no 'image' value", **where)
 
 
 def image_hash(image: Image.Image) -> str:
-    """sha256 over the decoded RGB pixels and the size: equal pixels, equal hash, whatever the encoding."""
+    """sha256 over the decoded RGB pixels and the size: equal pixels, equal hash, whatever the encoding.
+    Give it what :func:`load_image` returns (the pixels the model receives)."""
     h = hashlib.sha256(f"{image.width}x{image.height}:".encode())
     h.update(image.convert("RGB").tobytes())
     return h.hexdigest()
@@ -106,11 +124,12 @@ def iter_parts(messages: list[dict[str, Any]]) -> Iterator[tuple[int, int, dict[
                 yield mi, pi, part
 
 
-def validate_messages(messages: Any) -> None:
-    """Check roles, content shapes and part types; raise :class:`BadInputError` naming the culprit.
+# ---------------------------------------------------------------- validation
 
-    Images are checked for shape here, decoded by :func:`load_image`.
-    """
+
+def validate_messages(messages: Any) -> None:
+    """Check roles, content shapes, part types and reserved tokens in text; raise :class:`BadInputError`
+    naming the culprit. Images are checked for shape here, decoded by :func:`load_image`."""
     if not isinstance(messages, list) or not messages:
         raise BadInputError(f"messages must be a non-empty list, got {type(messages).__name__}")
     for mi, msg in enumerate(messages):
@@ -123,74 +142,87 @@ def validate_messages(messages: Any) -> None:
         if content is None and role == "assistant" and msg.get("tool_calls"):
             continue
         if isinstance(content, str):
+            _check_text(content, role, mi, None)
             continue
         if not isinstance(content, list):
             raise BadInputError(f"content must be a string or a list of parts, got {type(content).__name__}",
                                 message_index=mi)
         for pi, part in enumerate(content):
-            _validate_part(part, mi, pi)
+            _validate_part(part, role, mi, pi)
 
 
-def _validate_part(part: Any, mi: int, pi: int) -> None:
+def _validate_part(part: Any, role: str, mi: int, pi: int) -> None:
     if not isinstance(part, dict):
         raise BadInputError(f"content part is a {type(part).__name__}, not a dict", message_index=mi, part_index=pi)
     kind = part.get("type")
     if kind in TEXT_PART_TYPES:
         if not isinstance(part.get("text"), str):
             raise BadInputError("text part has no 'text' string", message_index=mi, part_index=pi)
+        _check_text(part["text"], role, mi, pi)
     elif kind not in IMAGE_PART_TYPES:
         allowed = sorted(TEXT_PART_TYPES | IMAGE_PART_TYPES)
         raise BadInputError(f"unsupported content part type {kind!r}; expected one of {allowed}",
                             message_index=mi, part_index=pi)
 
 
-def _decode_data_uri(url: str, limits: ImageLimits, where: dict[str, int | None]) -> Image.Image:
-    if not url.startswith("data:"):
-        raise BadInputError(f"image url must be a data URI (data:image/...;base64,...), got {url[:40]!r}", **where)
-    if len(url) > limits.max_data_uri_bytes:
-        raise BadInputError(f"image data URI is {len(url)} bytes, over the limit of {limits.max_data_uri_bytes}",
-                            **where)
-    header, sep, payload = url.partition(",")
-    if not sep or not header.endswith(";base64"):
-        raise BadInputError(f"malformed data URI header {header[:60]!r}: expected 'data:<mime>;base64,'", **where)
-    try:
-        raw = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise BadInputError(f"data URI payload is not valid base64 ({exc})", **where) from None
-    try:
-        pil = Image.open(io.BytesIO(raw))
-        fmt = pil.format
-        if fmt not in SUPPORTED_IMAGE_FORMATS:
-            raise BadInputError(f"unsupported image format {fmt!r}; supported: {sorted(SUPPORTED_IMAGE_FORMATS)}",
-                                **where)
-        _check_size(pil, limits, where)  # before decoding pixels: a decompression bomb stops here
-        pil.load()
-    except BadInputError:
-        raise
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise BadInputError(f"image bytes could not be decoded (truncated or corrupt?): {exc}", **where) from None
-    return pil.convert("RGB")
+def _check_text(text: str, role: str, mi: int, pi: int | None) -> None:
+    for token in VISION_TOKENS:
+        if token in text:
+            raise BadInputError(f"text contains the reserved vision token {token!r}; images must be "
+                                "image parts, not placeholder text", message_index=mi, part_index=pi)
+    if role == "assistant":
+        return
+    for token in TURN_TOKENS:
+        if token in text:
+            raise BadInputError(f"{role} text contains the control token {token!r}, which the tokenizer reads "
+                                "as a real turn boundary; remove it from the text", message_index=mi, part_index=pi)
 
 
-def _as_pil(image: Any, what: str, where: dict[str, int | None] | None = None) -> Image.Image:
-    where = where or {}
-    if isinstance(image, Image.Image):
-        return image.convert("RGB")
-    if isinstance(image, np.ndarray):
-        if image.ndim != 3 or image.shape[2] != 3:
-            raise BadInputError(f"{what} array must be [H, W, 3], got shape {tuple(image.shape)}", **where)
-        if image.shape[0] == 0 or image.shape[1] == 0:
-            raise BadInputError(f"{what} is empty: shape {tuple(image.shape)}", **where)
-        if image.dtype != np.uint8:
-            raise BadInputError(f"{what} array must be uint8, got {image.dtype}", **where)
-        return Image.fromarray(image, mode="RGB")
-    raise BadInputError(f"{what} must be a PIL image, an RGB uint8 array or a data URI, got {type(image).__name__}",
-                        **where)
+# ---------------------------------------------------------------- normalising
 
 
-def _check_size(pil: Image.Image, limits: ImageLimits, where: dict[str, int | None]) -> None:
-    w, h = pil.size
-    if w == 0 or h == 0:
-        raise BadInputError(f"image has zero size ({w}x{h})", **where)
-    if w * h > limits.max_pixels:
-        raise BadInputError(f"image is {w}x{h} = {w * h} pixels, over the budget of {limits.max_pixels}", **where)
+@dataclass(frozen=True)
+class PreparedMessages:
+    """A validated conversation in canonical form, with its images decoded once.
+
+    messages: every image part is ``{"type": "image_url", "image_url": {"url": <data URI>}}`` whose
+        bytes decode (by any decoder: plain RGB PNG or JPEG, no orientation tag, no alpha) to exactly
+        the matching entry of ``images``; everything else is as given.
+    images: the RGB images the model receives, in conversation order.
+    """
+
+    messages: list[dict[str, Any]]
+    images: tuple[Image.Image, ...]
+
+    @property
+    def hashes(self) -> tuple[str, ...]:
+        return tuple(image_hash(im) for im in self.images)
+
+
+def prepare_messages(messages: Any, *, limits: ImageLimits = ImageLimits()) -> PreparedMessages:
+    """Validate ``messages`` and decode every image once; see :class:`PreparedMessages`."""
+    validate_messages(messages)
+    out, images = [], []
+    for mi, msg in enumerate(messages):
+        content = msg.get("content")
+        if not isinstance(content, list):
+            out.append(dict(msg))
+            continue
+        parts = []
+        for pi, part in enumerate(content):
+            if part["type"] in IMAGE_PART_TYPES:
+                image, uri = _decode_part(part, {"message_index": mi, "part_index": pi}, limits)
+                images.append(image)
+                parts.append({"type": "image_url", "image_url": {"url": uri}})
+            else:
+                parts.append(part)
+        out.append({**msg, "content": parts})
+    return PreparedMessages(out, tuple(images))
+
+
+def normalize_messages(messages: Any, *, limits: ImageLimits = ImageLimits()) -> list[dict[str, Any]]:
+    """``messages`` with every accepted image-part form turned into the canonical ``image_url`` data-URI
+    part (see :class:`PreparedMessages`), validated (roles, parts, reserved and control tokens, image
+    bytes and limits); raises :class:`BadInputError` naming message and part. The input is not modified."""
+    return prepare_messages(messages, limits=limits).messages
+

@@ -13,6 +13,7 @@ from PIL import Image
 
 from vlrl.errors import BadInputError
 from vlrl.messages import ImageLimits, image_hash, image_part, load_image
+from vlrl.messages import TURN_TOKENS
 from vlrl.render.embedded import RESERVED_IN_TEXT
 
 ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -105,6 +106,10 @@ def test_random_conversations(tiny, arch, conv, seed):
              for m in msgs]
     if any(tok in t for t in texts for tok in RESERVED_IN_TEXT):  # look-alikes can join into a real token
         with pytest.raises(BadInputError, match="reserved vision token"):
+            r.render(msgs)
+        return
+    if any(tok in t for m, t in zip(msgs, texts) if m["role"] != "assistant" for tok in TURN_TOKENS):
+        with pytest.raises(BadInputError, match="control token"):  # env/user text cannot fake a turn
             r.render(msgs)
         return
     check_rendered(r, r.render(msgs), images)

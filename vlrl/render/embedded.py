@@ -1,8 +1,9 @@
 """The embedded renderer: the checkpoint's own HF processor, in process.
 
-Images are decoded and checked by ``vlrl.messages`` (clear errors with message and part index),
-the text comes from the checkpoint's chat template, and the processor expands each image's
-placeholder and computes its vision tensors with the torchvision backend (vLLM's).
+Messages go through ``vlrl.messages.prepare_messages`` (validation with message and part index,
+every image-part form normalised, each image decoded once to the pixels the model receives, as
+vLLM decodes them), the text comes from the checkpoint's chat template, and the processor expands
+each image's placeholder and computes its vision tensors with the torchvision backend (vLLM's).
 """
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ import os
 from typing import Any, Sequence
 
 from vlrl.errors import BadInputError
-from vlrl.messages import IMAGE_PART_TYPES, ImageLimits, image_hash, load_image, validate_messages
+from vlrl.messages import RESERVED_IN_TEXT, ImageLimits, prepare_messages
 from vlrl.render.types import PlaceholderRange, RenderedPrompt
 
-# Token strings that would desynchronise images from their placeholders if they appeared in text.
-RESERVED_IN_TEXT = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+__all__ = ["EmbeddedRenderer", "RESERVED_IN_TEXT"]
 
 
 class EmbeddedRenderer:
@@ -36,45 +36,16 @@ class EmbeddedRenderer:
 
     def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True,
                tools: Sequence[dict[str, Any]] | None = None) -> RenderedPrompt:
-        messages = list(messages)
-        validate_messages(messages)
-        template_messages, images = self._split_images(messages)
-        text = self._apply_template(template_messages, add_generation_prompt, tools)
+        prepared = prepare_messages(list(messages), limits=self.limits)
+        images = list(prepared.images)
+        text = self._apply_template(_template_messages(prepared.messages), add_generation_prompt, tools)
         out = self.processor(text=[text], images=images or None, return_tensors="pt")
         ids = tuple(int(t) for t in out["input_ids"][0])
         grid = out.get("image_grid_thw") if images else None
         pixels = out.get("pixel_values") if images else None
         placeholders = self._placeholders(ids, grid, len(images))
         return RenderedPrompt(token_ids=ids, pixel_values=pixels, image_grid_thw=grid, placeholders=placeholders,
-                              image_hashes=tuple(image_hash(im) for im in images), text=text)
-
-    def _split_images(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list]:
-        """Decode every image part (in conversation order) and replace it by ``{"type": "image"}``."""
-        images, out = [], []
-        for mi, msg in enumerate(messages):
-            content = msg.get("content")
-            if isinstance(content, str):
-                self._check_text(content, mi, None)
-            if not isinstance(content, list):
-                out.append(msg)
-                continue
-            parts = []
-            for pi, part in enumerate(content):
-                if part["type"] in IMAGE_PART_TYPES:
-                    images.append(load_image(part, message_index=mi, part_index=pi, limits=self.limits))
-                    parts.append({"type": "image"})
-                else:
-                    self._check_text(part["text"], mi, pi)
-                    parts.append(part)
-            out.append({**msg, "content": parts})
-        return out, images
-
-    @staticmethod
-    def _check_text(text: str, mi: int, pi: int | None) -> None:
-        for token in RESERVED_IN_TEXT:
-            if token in text:
-                raise BadInputError(f"text contains the reserved vision token {token!r}; images must be "
-                                    "image parts, not placeholder text", message_index=mi, part_index=pi)
+                              image_hashes=prepared.hashes, text=text)
 
     def _apply_template(self, messages, add_generation_prompt: bool, tools) -> str:
         from jinja2 import TemplateError
@@ -102,3 +73,14 @@ class EmbeddedRenderer:
                 raise RuntimeError(f"image {k}: {run.length} pad tokens, but its grid {grid[k].tolist()} "
                                    f"needs {want}")
         return tuple(runs)
+
+
+def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Canonical messages with each image part replaced by ``{"type": "image"}`` (what the template reads)."""
+    out = []
+    for msg in messages:
+        content = msg.get("content")
+        if isinstance(content, list):
+            msg = {**msg, "content": [{"type": "image"} if p["type"] == "image_url" else p for p in content]}
+        out.append(msg)
+    return out

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from vlrl.engines.types import Generation, SamplingParams
-from vlrl.errors import BadInputError
+from vlrl.errors import BadInputError, ContextOverflowError
 from vlrl.render.types import PlaceholderRange, RenderedPrompt
 from vlrl.rollout.splice import shift_placeholders, splice_turn
 from vlrl.rollout.types import StopReason, Trajectory, TurnSpan
@@ -118,7 +118,11 @@ class EpisodeRunner:
         try:
             render = self.renderer.render(messages)
         except BadInputError as exc:
-            return [_empty(spec, messages, f"the env's first observation cannot be rendered: {exc}")]
+            return [failed_episode(spec, messages, f"the env's first observation cannot be rendered: {exc}")]
+        except Exception as exc:  # noqa: BLE001 — a renderer server that went away ends this episode only
+            return [failed_episode(spec, messages, f"the renderer failed: {type(exc).__name__}: {exc}",
+                                   stop="engine_error")]
+        _refuse_no_room(render, spec)
         if spec.step_wise:
             return await self._run_steps(env, messages, render, policy, spec)
         seq = _Seq(prompt_ids=render.token_ids, render=render, placeholders=render.placeholders)
@@ -231,6 +235,9 @@ class EpisodeRunner:
             except BadInputError as exc:
                 out.stop, out.error = "env_error", f"turn {k}: the env's observation cannot be rendered: {exc}"
                 break
+            except Exception as exc:  # noqa: BLE001 — as in multi-turn mode: the renderer's failure, not the env's
+                out.stop, out.error = "engine_error", f"turn {k}: the renderer failed: {type(exc).__name__}: {exc}"
+                break
         episode_return = sum(s.spans[0].reward for s, _ in seqs)
         trajs = [_trajectory(f"{spec.uid}/t{k}", spec, s, out, m, step_of=spec.uid)
                  for k, (s, m) in enumerate(seqs)]
@@ -265,9 +272,21 @@ def _trajectory(uid: str, spec: EpisodeSpec, seq: _Seq, out: _Outcome, messages:
         top_logprobs=tuple(seq.tops) if any(seq.tops) else ())
 
 
-def _empty(spec: EpisodeSpec, messages: list[dict], error: str) -> Trajectory:
+def failed_episode(spec: EpisodeSpec, messages: list[dict], error: str,
+                   stop: StopReason = "env_error") -> Trajectory:
+    """An episode that ended before its first turn: no tokens, ``stop`` and ``error`` say why."""
     return Trajectory(uid=spec.uid, group=spec.group, prompt_ids=(), response_ids=(), loss_mask=(), logprobs=(),
                       rewards=(), pixel_values=None, image_grid_thw=None, placeholders=(), image_hashes=(),
-                      turns=(), stop_reason="env_error", temperature=spec.params[0].temperature if spec.params else 1.0,
-                      messages=tuple(messages), metrics={"return": 0.0, "turns": 0, "stop_reason": "env_error"},
+                      turns=(), stop_reason=stop, temperature=spec.params[0].temperature if spec.params else 1.0,
+                      messages=tuple(messages), metrics={"return": 0.0, "turns": 0, "stop_reason": stop},
                       error=error)
+
+
+def _refuse_no_room(render: RenderedPrompt, spec: EpisodeSpec) -> None:
+    """The first observation must leave room for one generated token: a context too small for it is the
+    run's configuration, not this episode's outcome (it would give a run that generates nothing)."""
+    if spec.max_turns > 0 and len(render) >= spec.max_context:
+        raise ContextOverflowError(len(render), spec.max_context, (
+            f"the env's first observation renders to {len(render)} tokens ({render.n_images} images), which leaves "
+            f"no room to generate in a context of {spec.max_context} tokens: use a model (or max_context) with "
+            f"more than {len(render)} tokens, or a smaller first observation"))

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from vlrl.checks.trajectory import check_trajectory
 from vlrl.engines.types import SamplingParams
-from vlrl.rollout.episode import EpisodeRunner, EpisodeSpec, Policy
+from vlrl.rollout.episode import EpisodeRunner, EpisodeSpec, Policy, failed_episode
 from vlrl.rollout.scripted import ScriptedPolicy, Scorer
 from vlrl.rollout.splice import refuse_history_rewrites
 from vlrl.rollout.types import Trajectory
@@ -100,21 +100,33 @@ class RolloutGenerator:
 
     async def _episode(self, group: int, repeat: int, row: dict, script: Script | None,
                        scorer: Scorer | None) -> list[Trajectory]:
+        """One episode; an env that cannot be made or started ends only this episode (``env_error``)."""
         from vlrl.envs import env_from_row
 
-        env = env_from_row(row)
         try:
-            messages, _ = env.init(row.get("prompt"))
+            env = env_from_row(row)
+        except Exception as exc:  # noqa: BLE001 — a bad row or env factory loses this episode only
+            return [self._failed(group, repeat, row, f"the env could not be made: {type(exc).__name__}: {exc}")]
+        try:
+            try:
+                messages, _ = env.init(row.get("prompt"))
+                messages = list(messages)
+            except Exception as exc:  # noqa: BLE001 — an env bug loses this episode only
+                return [self._failed(group, repeat, row, f"env.init raised {type(exc).__name__}: {exc}")]
             policy: Policy = self.engine
             if script is not None:
                 policy = ScriptedPolicy(script(env, row), self.tokenizer, max_context=self.max_context, scorer=scorer)
-            spec = self._spec(group, repeat, env)
-            trajectories = await self.runner.run(env, list(messages), policy, spec)
+            trajectories = await self.runner.run(env, messages, policy, self._spec(group, repeat, env))
         finally:
-            env.close()
+            _close_quietly(env)
         for traj in trajectories:
             check_trajectory(traj, image_pad_id=self.image_pad_id, merge_size=self.merge_size)
         return trajectories
+
+    def _failed(self, group: int, repeat: int, row: dict, error: str) -> Trajectory:
+        spec = EpisodeSpec(uid=f"{group}-{repeat}", group=group, max_turns=0, max_context=self.max_context,
+                           params=(self.config.sampling,), step_wise=self.config.mode == "step")
+        return failed_episode(spec, list(row.get("prompt") or []), error)
 
     def _spec(self, group: int, repeat: int, env) -> EpisodeSpec:
         cfg = self.config
@@ -124,6 +136,13 @@ class RolloutGenerator:
                        for k in range(max_turns))
         return EpisodeSpec(uid=f"{group}-{repeat}", group=group, max_turns=max_turns, max_context=self.max_context,
                            params=params, step_wise=cfg.mode == "step")
+
+
+def _close_quietly(env) -> None:
+    try:
+        env.close()
+    except Exception:  # noqa: BLE001 — a failing close must not lose the episode it ends
+        pass
 
 
 def _as_row(row: Any) -> dict:
