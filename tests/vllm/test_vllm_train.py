@@ -19,7 +19,8 @@ def test_color_square_recipe_runs_on_vllm(vllm_stack, tiny, monkeypatch, tmp_pat
     from vlrl.cli import main
 
     stack = vllm_stack(ARCH)
-    monkeypatch.setenv("VLRL_VLLM_URL", stack.url)  # the run attaches to the session's server (no extra start)
+    monkeypatch.setenv("VLRL_VLLM_URL", stack.url)  # the run attaches to the session's server (no extra start),
+    monkeypatch.setenv("VLRL_VLLM_API_KEY", stack.config.api_key)  # with its key
     out = tmp_path / "run"
     try:
         rc = main(["train", "color_square", "rollout.engine=vllm", "run.steps=2", "sft.steps=2", "sft.rows_per_step=8",
@@ -50,6 +51,7 @@ def test_a_dropped_sync_stops_the_run(vllm_stack, monkeypatch, tmp_path):
 
     stack = vllm_stack(ARCH)
     monkeypatch.setenv("VLRL_VLLM_URL", stack.url)
+    monkeypatch.setenv("VLRL_VLLM_API_KEY", stack.config.api_key)
     monkeypatch.setattr(VllmEngine, "update_weights", lambda self, named, version=None, **kw: version)  # drops them
     cfg = load_config("color_square", ["rollout.engine=vllm", "run.steps=1", "sft.steps=1", "sft.rows_per_step=8",
                                        "data.eval_rows=4", "run.progress=False", f"run.out={tmp_path / 'run'}"])

