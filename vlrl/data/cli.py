@@ -8,20 +8,20 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
+
+from vlrl.cli import count, env_usage, json_object
 
 PROMPT_ENVS = ("geometry",)  # envs whose rows carry their prompt (and ground truth) by default
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", required=True, help="registered env class, e.g. maze2d/easy")
-    parser.add_argument("--train", type=int, default=256, help="train rows (default 256)")
-    parser.add_argument("--eval", type=int, default=64, help="eval rows, seeds 0..N-1 (default 64)")
+    parser.add_argument("--train", type=count(0), default=256, help="train rows (default 256)")
+    parser.add_argument("--eval", type=count(0), default=64, help="eval rows, seeds 0..N-1 (default 64)")
     parser.add_argument("--out", required=True, type=Path, help="output folder")
-    parser.add_argument("--extras", default="{}", help="JSON object merged into every row's extras")
-    parser.add_argument("--train-seed", type=int, default=None,
+    parser.add_argument("--extras", type=json_object, default={}, help="JSON object merged into every row's extras")
+    parser.add_argument("--train-seed", type=count(0), default=None,
                         help="seed for drawing train seeds (default: fresh entropy, printed)")
     images = parser.add_mutually_exclusive_group()
     images.add_argument("--images", dest="with_prompts", action="store_true", default=None,
@@ -35,25 +35,16 @@ def run(args: argparse.Namespace) -> int:
 
     from vlrl.data.rows import write_rows
     from vlrl.data.tickets import build_splits
-    from vlrl.envs import EnvError, make_env
+    from vlrl.envs import make_env
+    from vlrl.envs.gym_adapter import quiet_sdl
 
-    try:
-        extras = json.loads(args.extras)
-    except ValueError as exc:
-        print(f"vlrl dataset: --extras is not JSON: {exc}", file=sys.stderr)
-        return 2
-    if not isinstance(extras, dict) or args.train < 0 or args.eval < 0:
-        print("vlrl dataset: --extras must be a JSON object and counts >= 0", file=sys.stderr)
-        return 2
+    quiet_sdl()
+    extras = args.extras
     with_prompts = args.env in PROMPT_ENVS if args.with_prompts is None else args.with_prompts
     train_seed = secrets.randbits(31) if args.train_seed is None else args.train_seed
-    try:
-        make_env(args.env, extras, 0).close()  # fail now on an unknown env or bad extras, not at train time
-        splits = build_splits(args.env, args.train, args.eval, extras=extras, with_prompts=with_prompts,
-                              train_seed=train_seed)
-    except EnvError as exc:
-        print(f"vlrl dataset: {exc}", file=sys.stderr)
-        return 2
+    env_usage(f"--env {args.env}", lambda: make_env(args.env, extras, 0).close())  # now, not at train time
+    splits = build_splits(args.env, args.train, args.eval, extras=extras, with_prompts=with_prompts,
+                          train_seed=train_seed)
     for split, rows in splits.items():
         path = write_rows(rows, args.out / f"{split}.parquet")
         print(f"wrote {len(rows)} rows to {path}")

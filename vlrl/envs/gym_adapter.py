@@ -5,10 +5,17 @@ turns the keyword into the gymnasium action. Rewards are the gym env's per-step 
 episode return is the gym return. Shipped configurations: FrozenLake-v1, CliffWalking-v1, Taxi-v4
 (:data:`SHIPPED`); users add theirs with :func:`register_gym_env`, or put ``keywords`` (and
 optionally ``prompt``, ``max_turns``, ``make_kwargs``) in a row's extras for ``env_class="gym/<id>"``.
+
+Rows come from data, so what a row can make gymnasium do is bounded: the id must already be in
+gymnasium's registry and hold no ``module:`` prefix (gymnasium would import that module), extras
+hold only the keys above (a registered ``gym/<id>`` takes only ``max_turns``), and ``make_kwargs``
+are the env constructor's keyword arguments with JSON values — gymnasium's own ``make`` options
+(``render_mode``, ``max_episode_steps``, wrappers, …) stay the adapter's.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +25,20 @@ from vlrl.envs.contract import EnvError
 from vlrl.envs.text_env import GymTextEnv, ParsedAction
 
 _KEYWORD = re.compile(r"<action>\s*([\w-]{1,32})\s*</action>", re.IGNORECASE)
+ROW_EXTRAS = frozenset({"keywords", "prompt", "max_turns", "make_kwargs"})
+"""The extras a row may give an unregistered ``gym/<id>`` (a registered one: ``max_turns`` only)."""
+MAKE_OPTIONS = frozenset({"render_mode", "max_episode_steps", "autoreset", "apply_api_compatibility",
+                          "disable_env_checker", "order_enforce", "env_checker", "id", "kwargs"})
+"""``gymnasium.make``'s own parameters: never taken from data."""
+MAX_TURNS_LIMIT = 10_000
+
+
+def quiet_sdl() -> None:
+    """Frames come from ``render_mode="rgb_array"``: SDL needs no display, and without one it prints
+    ``XDG_RUNTIME_DIR is invalid or not set`` on every pygame-rendered env. Dummy drivers, unless set."""
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
 
 
 @dataclass(frozen=True)
@@ -83,10 +104,11 @@ def make_gym_env(config: GymEnvConfig, seed: int | None, max_turns: int | None =
     """Build the text env for a config (``gymnasium.make(..., render_mode="rgb_array")``)."""
     import gymnasium as gym
 
+    quiet_sdl()
     try:
         gym_env = gym.make(config.gym_id, render_mode="rgb_array", **dict(config.make_kwargs))
-    except gym.error.Error as exc:
-        raise EnvError(f"gym/{config.gym_id}: gymnasium.make failed: {exc}") from None
+    except (gym.error.Error, TypeError, ValueError) as exc:
+        raise EnvError(f"gym/{config.gym_id}: gymnasium.make failed: {type(exc).__name__}: {exc}") from None
     n = getattr(gym_env.action_space, "n", None)
     bad = [k for k, v in config.keywords.items() if n is None or not 0 <= int(v) < int(n)]
     if bad:
@@ -98,24 +120,81 @@ def make_gym_env(config: GymEnvConfig, seed: int | None, max_turns: int | None =
 
 
 def register_gym_env(config: GymEnvConfig, *, replace: bool = False) -> str:
-    """Register ``gym/<gym_id>`` in the vlrl registry; returns the env_class name."""
+    """Register ``gym/<gym_id>`` in the vlrl registry; returns the env_class name. Rows may set its
+    ``max_turns`` and nothing else."""
     from vlrl.envs.registry import register_env
 
     name = f"gym/{config.gym_id}"
 
     def factory(extras: Mapping[str, Any], seed: int | None) -> GymTextEnv:
-        return make_gym_env(config, seed, extras.get("max_turns"))
+        _only(name, extras, {"max_turns"})
+        return make_gym_env(config, seed, _max_turns(name, extras.get("max_turns")))
 
     register_env(name, factory, replace=replace)
     return name
 
 
 def make_gym_env_from_extras(gym_id: str, extras: Mapping[str, Any], seed: int | None) -> GymTextEnv:
-    """An unregistered ``gym/<id>`` built from row extras (``keywords`` required)."""
-    if not isinstance(extras.get("keywords"), Mapping) or not extras["keywords"]:
-        raise EnvError(f"gym/{gym_id} is not registered; give extras['keywords'] "
+    """An unregistered ``gym/<id>`` built from row extras (``keywords`` required); see the module
+    docstring for what a row may ask of gymnasium."""
+    name = f"gym/{gym_id}"
+    _check_gym_id(gym_id)
+    _only(name, extras, ROW_EXTRAS)
+    keywords = extras.get("keywords")
+    if not isinstance(keywords, Mapping) or not keywords:
+        raise EnvError(f"{name} is not registered; give extras['keywords'] "
                        "(keyword -> action id) or call register_gym_env")
-    config = GymEnvConfig(gym_id, dict(extras["keywords"]),
-                          str(extras.get("prompt", f"You control the {gym_id} environment shown in the image.")),
-                          int(extras.get("max_turns", 30)), dict(extras.get("make_kwargs", {})))
+    if not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in keywords.items()):
+        raise EnvError(f"{name}: extras['keywords'] must map strings to integer action ids, got {dict(keywords)!r}")
+    prompt = extras.get("prompt", f"You control the {gym_id} environment shown in the image.")
+    if not isinstance(prompt, str):
+        raise EnvError(f"{name}: extras['prompt'] must be a string, got {type(prompt).__name__}")
+    config = GymEnvConfig(gym_id, dict(keywords), prompt, _max_turns(name, extras.get("max_turns", 30)),
+                          _make_kwargs(name, extras.get("make_kwargs", {})))
     return make_gym_env(config, seed)
+
+
+def _check_gym_id(gym_id: str) -> None:
+    import gymnasium as gym
+
+    if ":" in gym_id:
+        raise EnvError(f"gym/{gym_id}: ids with a 'module:' prefix are refused (gymnasium would import the "
+                       "module); import it yourself and register the env, then use its plain id")
+    if gym_id not in gym.registry:
+        raise EnvError(f"gym/{gym_id}: not in gymnasium's registry (register it before making it from a row)")
+
+
+def _only(name: str, extras: Mapping[str, Any], allowed: set[str] | frozenset[str]) -> None:
+    unknown = sorted(set(extras) - set(allowed))
+    if unknown:
+        raise EnvError(f"{name}: unknown extras {unknown}; allowed: {sorted(allowed)}")
+
+
+def _max_turns(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TURNS_LIMIT:
+        raise EnvError(f"{name}: extras['max_turns'] must be an integer in 1..{MAX_TURNS_LIMIT}, got {value!r}")
+    return value
+
+
+def _make_kwargs(name: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise EnvError(f"{name}: extras['make_kwargs'] must be a JSON object, got {type(value).__name__}")
+    for key, item in value.items():
+        if not isinstance(key, str) or not key.isidentifier() or key in MAKE_OPTIONS:
+            raise EnvError(f"{name}: extras['make_kwargs'] may not set {key!r} (gymnasium.make's own options "
+                           f"{sorted(MAKE_OPTIONS)} are the adapter's; keys are the env constructor's arguments)")
+        if not _is_json(item):
+            raise EnvError(f"{name}: extras['make_kwargs'][{key!r}] must be a JSON value, got {type(item).__name__}")
+    return dict(value)
+
+
+def _is_json(value: Any, depth: int = 0) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if depth < 4 and isinstance(value, (list, tuple)):
+        return all(_is_json(v, depth + 1) for v in value)
+    if depth < 4 and isinstance(value, Mapping):
+        return all(isinstance(k, str) and _is_json(v, depth + 1) for k, v in value.items())
+    return False

@@ -67,10 +67,16 @@ def _max_context(path) -> int:
 
 
 def handle(root: Path, arch: str, name: str, actual: str, *, write: bool) -> int:
-    from vlrl.golden.files import golden_diff, golden_path
+    from vlrl.golden.files import GoldenFormatError, golden_diff, golden_path
 
     path = golden_path(root, arch, name)
-    expected = path.read_text(encoding="utf-8") if path.exists() else None
+    try:
+        expected = path.read_text(encoding="utf-8") if path.exists() else None
+    except UnicodeDecodeError as exc:
+        if not write:
+            line = path.read_bytes()[:exc.start].count(b"\n") + 1
+            raise GoldenFormatError(path, line, f"not UTF-8 text ({exc.reason})") from None
+        expected = None
     if expected == actual:
         return 0
     if write:
@@ -78,5 +84,5 @@ def handle(root: Path, arch: str, name: str, actual: str, *, write: bool) -> int
         path.write_text(actual, encoding="utf-8", newline="\n")
         print(f"wrote {path}")
     else:
-        print(f"{path}: " + ("missing" if expected is None else "differs\n" + golden_diff(expected, actual)))
+        print(f"{path}: " + ("missing" if expected is None else "differs\n" + golden_diff(expected, actual, path=path)))
     return 1

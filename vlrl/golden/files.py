@@ -12,6 +12,7 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
+from vlrl.errors import VlrlError
 from vlrl.golden.scenarios import SCENARIOS, Scenario, register_scenario_envs
 
 HEADER_END = "---"
@@ -74,26 +75,57 @@ class Parsed:
     """``(mask, id, text)`` per token, pad runs expanded."""
 
 
-def parse_golden(text: str) -> Parsed:
+class GoldenFormatError(VlrlError, ValueError):
+    """A golden file that is corrupt or truncated: names its path and line."""
+
+    def __init__(self, path: str | Path | None, line: int, what: str):
+        self.path, self.line = path, line
+        super().__init__(f"{path or 'golden file'}:{line}: {what} (corrupt or truncated; "
+                         "`vlrl golden regen` rewrites it)")
+
+
+def parse_golden(text: str, path: str | Path | None = None) -> Parsed:
+    """The header lines and the expanded token rows; :class:`GoldenFormatError` names ``path`` and the line."""
     lines = text.splitlines()
     if HEADER_END not in lines:
-        raise ValueError(f"not a golden file: no '{HEADER_END}' line")
+        raise GoldenFormatError(path, len(lines), f"no '{HEADER_END}' line ending the header")
     cut = lines.index(HEADER_END)
     tokens = []
-    for line in lines[cut + 1:]:
-        count = 1
-        body = line
-        if line.rsplit(" ", 1)[-1].startswith("x") and line.rsplit(" ", 1)[-1][1:].isdigit():
-            body, run = line.rsplit(" ", 1)
-            count = int(run[1:])
-        _, mark, tid, tok = body.strip().split(None, 3)
-        tokens.extend([(mark, int(tid), tok)] * count)
+    for number, line in enumerate(lines[cut + 1:], start=cut + 2):
+        tokens.extend(_token_row(line, path, number))
+    _check_count(lines[:cut], len(tokens), path, len(lines))
     return Parsed(lines[:cut], tokens)
 
 
-def golden_diff(expected: str, actual: str, context: int = 4) -> str:
-    """A token-level report: header changes, first divergence side by side, loss-mask changes."""
-    a, b = parse_golden(expected), parse_golden(actual)
+def _token_row(line: str, path, number: int) -> list[tuple[str, int, str]]:
+    count, body = 1, line
+    last = line.rsplit(" ", 1)[-1]
+    if last.startswith("x") and last[1:].isdigit():
+        body, run = line.rsplit(" ", 1)
+        count = int(run[1:])
+    fields = body.strip().split(None, 3)
+    if len(fields) != 4 or not fields[0].isdigit() or fields[1] not in ("-", "0", "1") or not fields[2].isdigit():
+        raise GoldenFormatError(path, number, f"not a token row 'index  mask  id  text': {line[:80]!r}")
+    _, mark, tid, tok = fields
+    return [(mark, int(tid), tok)] * count
+
+
+def _check_count(header: list[str], n_tokens: int, path, n_lines: int) -> None:
+    declared = next((h for h in header if h.startswith("tokens: ")), None)
+    if declared is None:
+        return
+    try:
+        want = int(declared.split()[1])
+    except (IndexError, ValueError):
+        raise GoldenFormatError(path, header.index(declared) + 1, f"unreadable token count {declared!r}") from None
+    if want != n_tokens:
+        raise GoldenFormatError(path, n_lines, f"the header declares {want} tokens, the rows hold {n_tokens}")
+
+
+def golden_diff(expected: str, actual: str, context: int = 4, path: str | Path | None = None) -> str:
+    """A token-level report: header changes, first divergence side by side, loss-mask changes.
+    ``path``: where ``expected`` was read (named by :class:`GoldenFormatError` if it is corrupt)."""
+    a, b = parse_golden(expected, path), parse_golden(actual, "the new rendering")
     out = []
     head = list(difflib.unified_diff(a.header, b.header, "golden", "now", lineterm="", n=0))
     if head:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from vlrl.cli import count
 from vlrl.models.archs import ARCHS, SIZES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", choices=ARCHS, default="qwen2_5_vl", help="transformers architecture")
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny", help="named size (tiny: CPU tests; 2b: GPU)")
-    parser.add_argument("--seed", type=int, default=0, help="weights are a pure function of (arch, size, seed)")
+    parser.add_argument("--seed", type=count(0), default=0, help="weights are a pure function of (arch, size, seed)")
     parser.add_argument("--out", required=True, help="directory to write (created)")
 
 

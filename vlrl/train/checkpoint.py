@@ -1,18 +1,32 @@
-"""Checkpoints with exact resume: model, optimizer, RNG and the run's position.
+"""Checkpoints with exact resume, written atomically: model, optimizer, RNG and the run's position.
 
-``<run>/checkpoints/step_<N>/``: ``model.pt`` (state dict), ``optimizer.pt``, ``state.json``
-(RL step, SFT steps done, data position, weight version) and ``rng.pt`` (torch RNG). Rollout
-sampling seeds and mini-batch order are derived from ``(run.seed, step)``, so with these a resumed
-run takes exactly the steps the uninterrupted one would have.
+``<run>/checkpoints/step_<N>/`` (RL step N) and ``sft_<K>/`` (mid-SFT, K steps done): ``model.pt``
+(state dict), ``optimizer.pt``, ``rng.pt`` (torch RNG) and ``state.json`` (:class:`RunState`: steps
+done, data position, weight version, the first evaluation, and the size of every run log at the
+save, so a resume trims the logs back to this instant). Rollout sampling seeds and mini-batch order
+derive from ``(run.seed, step)``, so with these a resumed run takes exactly the steps the
+uninterrupted one would have.
+
+Atomic: a checkpoint is written into a hidden temporary directory beside its final place, every
+file flushed to disk, then renamed into place — so a process killed at any instant leaves either the
+complete checkpoint or none (plus a temporary directory that the next save or resume removes), and
+:func:`latest_checkpoint` only ever sees complete ones. Loading uses ``torch.load(weights_only=True)``:
+a checkpoint holds tensors and plain containers, never code.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import os
+import shutil
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any, Literal
 
 import torch
+
+TMP_PREFIX = ".tmp-"
+TRASH_PREFIX = ".old-"
 
 
 @dataclass
@@ -21,30 +35,121 @@ class RunState:
     sft_step: int = 0
     data_position: int = 0
     weight_version: int = 0
+    optimizer: Literal["rl", "sft"] = "rl"
+    """Which trainer's optimizer ``optimizer.pt`` holds (SFT has its own, dropped before RL)."""
+    eval_before: float | None = None
+    """The evaluation before any training (kept through resumes for summary.json)."""
+    eval_after: float | None = None
+    """The final evaluation: set in the run's last checkpoint (a resume from it has nothing left to do)."""
+    log_sizes: dict[str, int] = field(default_factory=dict)
+    """Bytes of each run log (``metrics.jsonl``, …) when the checkpoint was saved."""
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunState":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in json.loads(text).items() if k in known})
+
+
+def checkpoint_name(state: RunState) -> str:
+    return f"sft_{state.sft_step:06d}" if state.optimizer == "sft" else f"step_{state.rl_step:06d}"
 
 
 def save_checkpoint(path: Path, model, optimizer, state: RunState) -> Path:
+    """Write a checkpoint to ``path`` atomically (see the module docstring); returns ``path``."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    torch.save(model.state_dict(), path / "model.pt")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_partial(path.parent)
+    tmp = path.parent / f"{TMP_PREFIX}{path.name}"
+    tmp.mkdir()
+    _save(model.state_dict(), tmp / "model.pt")
     if optimizer is not None:
-        torch.save(optimizer.state_dict(), path / "optimizer.pt")
-    torch.save({"torch": torch.get_rng_state()}, path / "rng.pt")
-    (path / "state.json").write_text(json.dumps(asdict(state), indent=2))  # written last: marks it complete
+        _save(optimizer.state_dict(), tmp / "optimizer.pt")
+    _save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
+    _write(tmp / "state.json", json.dumps(asdict(state), indent=2).encode())
+    _fsync(tmp)
+    if path.exists():  # the same step saved again (e.g. the final save after a periodic one)
+        trash = path.parent / f"{TRASH_PREFIX}{path.name}"
+        os.replace(path, trash)
+        os.replace(tmp, path)
+        shutil.rmtree(trash)
+    else:
+        os.replace(tmp, path)
+    _fsync(path.parent)
     return path
 
 
-def load_checkpoint(path: Path, model, optimizer) -> RunState:
+def load_checkpoint(path: Path, model) -> tuple[RunState, dict[str, Any] | None]:
+    """Load weights and RNG into ``model`` / torch; returns the state and the optimizer's state dict
+    (for whichever trainer ``state.optimizer`` names)."""
     path = Path(path)
-    if not (path / "state.json").exists():
+    if not (path / "state.json").is_file():
         raise FileNotFoundError(f"{path} is not a complete vlrl checkpoint (no state.json)")
-    model.load_state_dict(torch.load(path / "model.pt", map_location=next(model.parameters()).device))
-    if optimizer is not None and (path / "optimizer.pt").exists():
-        optimizer.load_state_dict(torch.load(path / "optimizer.pt"))
-    torch.set_rng_state(torch.load(path / "rng.pt")["torch"])
-    return RunState(**json.loads((path / "state.json").read_text()))
+    device = next(model.parameters()).device
+    model.load_state_dict(torch.load(path / "model.pt", map_location=device, weights_only=True))
+    optim = None
+    if (path / "optimizer.pt").exists():
+        optim = torch.load(path / "optimizer.pt", map_location=device, weights_only=True)
+    torch.set_rng_state(torch.load(path / "rng.pt", weights_only=True)["torch"])
+    return RunState.from_json((path / "state.json").read_text()), optim
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    found = sorted((Path(run_dir) / "checkpoints").glob("step_*/state.json"))
-    return found[-1].parent if found else None
+    """The newest complete checkpoint under ``<run_dir>/checkpoints`` (by RL step, then SFT step)."""
+    best, key = None, None
+    for state_file in (Path(run_dir) / "checkpoints").glob("*/state.json"):
+        if state_file.parent.name.startswith((TMP_PREFIX, TRASH_PREFIX)):
+            continue
+        try:
+            state = RunState.from_json(state_file.read_text())
+        except (ValueError, TypeError):
+            continue
+        k = (state.rl_step, state.sft_step, state.eval_after is not None, state_file.parent.name)
+        if key is None or k > key:
+            best, key = state_file.parent, k
+    return best
+
+
+def remove_partial(checkpoints: Path) -> None:
+    """Clean up after a save that was killed: temporary directories go; a checkpoint moved aside to be
+    replaced comes back if its replacement never arrived (it is complete)."""
+    for leftover in sorted(Path(checkpoints).glob(".*")):
+        if not leftover.is_dir():
+            continue
+        if leftover.name.startswith(TMP_PREFIX):
+            shutil.rmtree(leftover)
+        elif leftover.name.startswith(TRASH_PREFIX):
+            target = leftover.with_name(leftover.name[len(TRASH_PREFIX):])
+            if target.exists():
+                shutil.rmtree(leftover)
+            else:
+                os.replace(leftover, target)
+
+
+def _save(obj: Any, path: Path) -> None:
+    with path.open("wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write(path: Path, data: bytes) -> None:
+    with path.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so a reader (or a kill) never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
+    _write(tmp, text.encode("utf-8"))
+    os.replace(tmp, path)

@@ -9,34 +9,53 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import math
+import re
 import tomllib
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from vlrl.algos.config import AlgoConfig, attribute_docs
+from vlrl.errors import ConfigError, MissingRecipeError
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+Arch = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]  # = vlrl.models.archs.ARCHS (a test keeps them equal)
+Size = Literal["tiny", "tiny_kv2", "2b"]  # = vlrl.models.archs.SIZES
+Dtype = Literal["float32", "bfloat16"]
+Attention = Literal["vlrl_sdpa", "sdpa", "eager"]  # = vlrl.models.attention.CHOICES
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+def _check(ok: bool, where: str, value: Any, need: str) -> None:
+    if not ok:
+        raise ConfigError(f"{where} = {value!r}: {need}")
 
 
 @dataclass(frozen=True)
 class ModelSection:
-    arch: str = "qwen2_5_vl"
+    arch: Arch = "qwen2_5_vl"
     """Architecture of the built checkpoint: qwen2_vl, qwen2_5_vl or qwen3_vl."""
-    size: str = "tiny"
-    """Size of the built checkpoint: tiny (CPU) or 2b."""
+    size: Size = "tiny"
+    """Size of the built checkpoint: tiny (CPU), tiny_kv2 (tiny with two kv heads) or 2b."""
     seed: int = 0
     """Seed of the random-init weights."""
     path: str | None = None
     """A checkpoint directory to train instead of building one (e.g. a downloaded Qwen-VL)."""
     device: str = "cpu"
-    """cpu or cuda."""
-    dtype: str = "float32"
+    """cpu or cuda (cuda:N)."""
+    dtype: Dtype = "float32"
     """Weights dtype of trainer and engine: float32 or bfloat16."""
-    attention: str = "vlrl_sdpa"
+    attention: Attention = "vlrl_sdpa"
     """Attention of trainer and engine: vlrl_sdpa (SDPA with materialised kv heads, see
     vlrl.models.attention), sdpa (transformers' own, hit by a CUDA kernel bug; for diagnosis) or eager."""
+
+    def __post_init__(self) -> None:
+        _check(bool(_DEVICE.fullmatch(self.device)), "model.device", self.device, "expected cpu, cuda or cuda:N")
+        _check(self.seed >= 0, "model.seed", self.seed, "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -49,6 +68,11 @@ class DataSection:
     """Train rows (seeds drawn from run.seed); the stream cycles through them."""
     eval_rows: int = 64
     """Eval rows (fixed eval seeds, disjoint from train)."""
+
+    def __post_init__(self) -> None:
+        _check(bool(self.env), "data.env", self.env, "must name an env class")
+        _check(self.train_rows >= 1, "data.train_rows", self.train_rows, "must be >= 1")
+        _check(self.eval_rows >= 0, "data.eval_rows", self.eval_rows, "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -67,15 +91,28 @@ class RolloutSection:
     """Stop strings; an end of turn is appended after them."""
     max_turns: int | None = None
     """Turn budget per episode (None: the env's)."""
-    mode: str = "multi_turn"
+    mode: Literal["multi_turn", "step"] = "multi_turn"
     """multi_turn (one sequence per episode) or step (one per turn)."""
-    engine: str = "embedded"
+    engine: Literal["embedded", "vllm"] = "embedded"
     """Inference engine: embedded (in process) or vllm (a vLLM server started for the run)."""
     eval_temperature: float = 0.0
     """Sampling temperature of evaluation (0 = greedy)."""
     logprobs_topk: int = 0
     """Engine top-k logprobs per generated token, for the full-distribution agreement check at
     every step (top-k overlap and a KL over the whole vocabulary); 0 = off."""
+
+    def __post_init__(self) -> None:
+        for key in ("rows_per_step", "repeats", "max_tokens"):
+            _check(getattr(self, key) >= 1, f"rollout.{key}", getattr(self, key), "must be >= 1")
+        _check(math.isfinite(self.temperature) and self.temperature > 0, "rollout.temperature", self.temperature,
+               "must be > 0 (training samples; the logprob contract divides by it)")
+        _check(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "must be in (0, 1]")
+        _check(all(isinstance(x, str) and x for x in self.stop), "rollout.stop", self.stop,
+               "must be non-empty strings")
+        _check(self.max_turns is None or self.max_turns >= 1, "rollout.max_turns", self.max_turns, "must be >= 1")
+        _check(math.isfinite(self.eval_temperature) and self.eval_temperature >= 0, "rollout.eval_temperature",
+               self.eval_temperature, "must be >= 0 (0 = greedy)")
+        _check(self.logprobs_topk >= 0, "rollout.logprobs_topk", self.logprobs_topk, "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -87,7 +124,12 @@ class SFTSection:
     lr: float = 1e-3
     """SFT learning rate (its own AdamW, dropped before RL)."""
     expert: str = ""
-    """Expert policy (vlrl.train.experts): maze2d, color_square, color_square/format; "" = by env."""
+    """Expert policy (vlrl.train.experts): maze2d, color_square, color_square/format, geometry; "" = by env."""
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 0, "sft.steps", self.steps, "must be >= 0")
+        _check(self.rows_per_step >= 1, "sft.rows_per_step", self.rows_per_step, "must be >= 1")
+        _check(math.isfinite(self.lr) and self.lr > 0, "sft.lr", self.lr, "must be > 0")
 
 
 @dataclass(frozen=True)
@@ -107,6 +149,15 @@ class OptimSection:
     epochs: int = 1
     """Passes over the step's batch."""
 
+    def __post_init__(self) -> None:
+        _check(math.isfinite(self.lr) and self.lr > 0, "optim.lr", self.lr, "must be > 0")
+        _check(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
+        _check(len(self.betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas),
+               "optim.betas", self.betas, "must be two numbers in [0, 1)")
+        _check(self.grad_clip >= 0, "optim.grad_clip", self.grad_clip, "must be >= 0 (0 = off)")
+        for key in ("micro_batch_size", "mini_batches", "epochs"):
+            _check(getattr(self, key) >= 1, f"optim.{key}", getattr(self, key), "must be >= 1")
+
 
 @dataclass(frozen=True)
 class RunSection:
@@ -115,12 +166,12 @@ class RunSection:
     eval_every: int = 10
     """Evaluate every N RL steps (and before and after training); 0 = only before and after."""
     checkpoint_every: int = 0
-    """Save a checkpoint every N RL steps (0 = only at the end)."""
+    """Save a checkpoint every N SFT steps and every N RL steps, and at the end of SFT (0 = only at the end)."""
     out: str = "runs/{name}"
     """Run directory ({name} = the recipe name)."""
     seed: int = 0
     """Seed of train rows, sampling and mini-batch order."""
-    agreement: str = "stop"
+    agreement: Literal["stop", "log"] = "stop"
     """When rollout and trainer logprobs disagree beyond the bound: stop the run, or log it."""
     samples: int = 4
     """Eval trajectories saved per evaluation (for the report)."""
@@ -131,6 +182,13 @@ class RunSection:
     image_probe: bool = False
     """After SFT and at the end, check that every turn's logprobs depend on its image
     (vlrl.checks.image_sensitivity); results in image_sensitivity.jsonl and the report."""
+
+    def __post_init__(self) -> None:
+        for key in ("steps", "eval_every", "checkpoint_every", "samples", "seed"):
+            _check(getattr(self, key) >= 0, f"run.{key}", getattr(self, key), "must be >= 0")
+        _check(bool(self.out), "run.out", self.out, "must name a directory")
+        _check(self.resume is None or bool(self.resume), "run.resume", self.resume,
+               'must be a checkpoint dir or "latest"')
 
 
 SECTIONS = {"model": ModelSection, "data": DataSection, "rollout": RolloutSection, "sft": SFTSection,
@@ -181,13 +239,16 @@ def load_config(recipe: str | Path, overrides: list[str] = ()) -> TrainConfig:
         path = RECIPES / f"{recipe}.toml"
     if not path.exists():
         known = ", ".join(sorted(p.stem for p in RECIPES.glob("*.toml")))
-        raise FileNotFoundError(f"no recipe {recipe!r} (looked for {path}); recipes: {known}")
-    raw = tomllib.loads(path.read_text())
+        raise MissingRecipeError(f"no recipe {recipe!r} (looked for {path}); recipes: {known}")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     for item in overrides:
         key, sep, value = item.partition("=")
         section, dot, name = key.partition(".")
         if not sep or (section not in SECTIONS and section != "name") or (section in SECTIONS and not dot):
-            raise ValueError(f"override {item!r} is not section.key=value (sections: {', '.join(SECTIONS)})")
+            raise ConfigError(f"override {item!r} is not section.key=value (sections: {', '.join(SECTIONS)})")
         if section == "name":
             raw["name"] = value
         else:
@@ -198,19 +259,26 @@ def load_config(recipe: str | Path, overrides: list[str] = ()) -> TrainConfig:
 def build_config(raw: dict, default_name: str = "run") -> TrainConfig:
     parts = {}
     for section, cls in SECTIONS.items():
+        if not isinstance(raw.get(section, {}), dict):
+            raise ConfigError(f"[{section}] must be a table of keys, got {raw[section]!r}")
         values = dict(raw.get(section, {}))
         hints = typing.get_type_hints(cls)
         unknown = set(values) - set(hints)
         if unknown:
-            raise ValueError(f"[{section}] has unknown key(s) {sorted(unknown)}; known: {sorted(hints)}")
+            raise ConfigError(f"[{section}] has unknown key(s) {sorted(unknown)}; known: {sorted(hints)}")
         try:
             parts[section] = cls(**{k: _coerce(v, hints[k], f"{section}.{k}") for k, v in values.items()})
-        except (KeyError, TypeError) as exc:  # e.g. an unknown algorithm name: one error type for callers
-            raise ValueError(f"[{section}] {exc.args[0] if exc.args else exc}") from None
+        except ConfigError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:  # e.g. an unknown algorithm name: one error type
+            raise ConfigError(f"[{section}] {exc.args[0] if exc.args else exc}") from None
+
     unknown = set(raw) - set(SECTIONS) - {"name"}
     if unknown:
-        raise ValueError(f"unknown section(s) {sorted(unknown)}; known: {', '.join(SECTIONS)}")
-    return TrainConfig(name=str(raw.get("name", default_name)), **parts)
+        raise ConfigError(f"unknown section(s) {sorted(unknown)}; known: {', '.join(SECTIONS)}")
+    config = TrainConfig(name=str(raw.get("name", default_name)), **parts)
+    _check_names(config)
+    return config
 
 
 def _parse(text: str) -> Any:
@@ -221,10 +289,15 @@ def _parse(text: str) -> Any:
 
 
 def _coerce(value: Any, hint: Any, where: str) -> Any:
-    types = typing.get_args(hint) or (hint,)
-    if value is None and type(None) in types:
+    """``value`` as the field's type, or ValueError naming the key, the value and what was expected."""
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if value is None and type(None) in options:
         return None
-    for t in types:
+    for t in options:
+        if typing.get_origin(t) is Literal:
+            if isinstance(value, str) and value in typing.get_args(t):
+                return value
+            continue
         if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         if t is tuple and isinstance(value, (list, tuple)):
@@ -233,7 +306,33 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             return (value,)
         if isinstance(t, type) and isinstance(value, t) and not (t is int and isinstance(value, bool)):
             return value
-    raise ValueError(f"{where} = {value!r}: expected {hint}")
+    raise ConfigError(f"{where} = {value!r}: expected {_describe(hint)}")
+
+
+def _describe(hint: Any) -> str:
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if args:
+        return " or ".join(_describe(a) for a in args)
+    return "None" if hint is type(None) else getattr(hint, "__name__", str(hint))
+
+
+def _check_names(config: TrainConfig) -> None:
+    """Names that live in registries: the env class, and the SFT expert when SFT runs."""
+    from vlrl.envs.registry import registered_envs
+
+    env = config.data.env
+    if env not in registered_envs() and not env.startswith("gym/"):
+        raise ConfigError(f"data.env = {env!r}: unknown env; registered: {', '.join(registered_envs())}")
+    if config.sft.steps > 0:
+        from vlrl.train.experts import expert_for
+
+        name = config.sft.expert or env.split("/")[0]
+        try:
+            expert_for(name)
+        except KeyError as exc:
+            raise ConfigError(f"sft.expert = {name!r}: {exc.args[0] if exc.args else exc}") from None
 
 
 def config_help() -> str:

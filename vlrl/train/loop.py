@@ -2,18 +2,27 @@
 
 Each RL step: rollout → trainer logprobs (checked against the rollout's) → reference logprobs
 and advantages → epochs × mini-batches of updates → weight sync (verified) → metrics → seeded
-evaluation every N steps → checkpoint.
+evaluation every N steps → checkpoint. A run resumed from a checkpoint (``run.resume``) continues
+exactly where it was saved — in SFT or RL — with its logs trimmed to that instant; a fresh run in a
+directory replaces what an earlier run left there.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 
+from vlrl.errors import VlrlError
+from vlrl.train.checkpoint import write_atomic
 from vlrl.train.config import TrainConfig
 from vlrl.train.experts import expert_for
 from vlrl.train.run import Run
 from vlrl.train.trainer import Trainer
+
+
+class NothingToTrainError(VlrlError):
+    """A step whose rollout generated no token to train on (every episode failed or had no room)."""
 
 
 def train(cfg: TrainConfig, on_start: Callable | None = None) -> dict:
@@ -26,24 +35,28 @@ def train(cfg: TrainConfig, on_start: Callable | None = None) -> dict:
     if on_start is not None:
         on_start(run.model)
     try:
-        (run.log.dir / "config.toml").write_text(cfg.to_toml())
-        if cfg.run.resume:
-            run.resume(cfg.run.resume)
-        before = run.evaluate(0, "before") if run.state.rl_step == run.state.sft_step == 0 else None
-        if run.state.sft_step < cfg.sft.steps:
+        if not (cfg.run.resume and run.resume(cfg.run.resume)):
+            run.log.reset()
+        write_atomic(run.log.dir / "config.toml", cfg.to_toml())
+        state = run.state
+        if state.eval_before is None and state.rl_step == state.sft_step == 0:
+            state.eval_before = run.evaluate(0, "before")
+        if state.sft_step < cfg.sft.steps:
             sft(run)
-        for step in range(run.state.rl_step, cfg.run.steps):
+        every = cfg.run.checkpoint_every
+        for step in range(state.rl_step, cfg.run.steps):
             rl_step(run, step)
             done = step + 1
             if cfg.run.eval_every and done % cfg.run.eval_every == 0 and done < cfg.run.steps:
                 run.evaluate(done, "during")
-            if cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0:
+            if every and done % every == 0:
                 run.save()
+        sizes = run.log.sizes()  # a resume from the last checkpoint redoes the final evaluation
         after = run.evaluate(cfg.run.steps, "after")
         if cfg.run.image_probe:
             run.probe_images(cfg.run.steps, "after")
-        run.save()
-        summary = {"name": cfg.name, "eval_before": before, "eval_after": after, "steps": cfg.run.steps,
+        run.save(log_sizes=sizes)
+        summary = {"name": cfg.name, "eval_before": state.eval_before, "eval_after": after, "steps": cfg.run.steps,
                    "sft_steps": cfg.sft.steps, "seconds": round(time.time() - t0, 1), "out": str(run.log.dir)}
         run.log.write_json("summary.json", summary)
         return summary
@@ -54,32 +67,52 @@ def train(cfg: TrainConfig, on_start: Callable | None = None) -> dict:
 def rl_step(run: Run, step: int) -> dict:
     cfg = run.cfg
     trajs = run.rollout(run.next_rows(cfg.rollout.rows_per_step), seed=cfg.run.seed * 1_000_003 + step)
-    batch = run.collate(trajs)
+    batch = require_batch(run, trajs, f"RL step {step + 1}")
     rewards = [t.total_reward for t in trajs]
     values = {"reward_mean": sum(rewards) / len(rewards),
               "response_len": sum(sum(t.loss_mask) for t in trajs) / len(trajs)}
-    if batch is not None:
-        old = run.trainer.logprobs(batch, probe=batch.engine_topk is not None)  # + the full-distribution check
-        agree = run.agreement(step + 1, batch, old)
-        inputs, correction = run.trainer.prepare(batch, old)
-        values |= run.trainer.rl_step(batch, inputs, seed=cfg.run.seed * 7_919 + step) | correction
-        values |= {"logprob_max_abs_diff": agree["max_abs"]}
-        run.sync_weights()
+    old = run.trainer.logprobs(batch, probe=batch.engine_topk is not None)  # + the full-distribution check
+    agree = run.agreement(step + 1, batch, old)
+    inputs, correction = run.trainer.prepare(batch, old)
+    values |= run.trainer.rl_step(batch, inputs, seed=cfg.run.seed * 7_919 + step) | correction
+    values |= {"logprob_max_abs_diff": agree["max_abs"]}
+    run.sync_weights()
     run.state.rl_step = step + 1
     return run.log.metrics(step + 1, "rl", values)
 
 
 def sft(run: Run) -> None:
-    """Cross-entropy steps on expert episodes (their own optimizer), then the engine gets the weights."""
+    """Cross-entropy steps on expert episodes (their own optimizer), then the engine gets the weights.
+    With ``run.checkpoint_every`` > 0: a checkpoint every N SFT steps (SFT optimizer included) and one at
+    the end of SFT."""
     cfg = run.cfg
     expert = expert_for(cfg.sft.expert or cfg.data.env.split("/")[0])
     sft_trainer = Trainer(run.model, cfg.algo, cfg.optim, lr=cfg.sft.lr)
+    if run.sft_optimizer_state is not None:
+        sft_trainer.optimizer.load_state_dict(run.sft_optimizer_state)
+        run.sft_optimizer_state = None
+    every = cfg.run.checkpoint_every
     for k in range(run.state.sft_step, cfg.sft.steps):
         trajs = run.rollout(run.next_rows(cfg.sft.rows_per_step), seed=k, repeats=1, script=expert)
-        values = sft_trainer.sft_step(run.collate(trajs))
+        values = sft_trainer.sft_step(require_batch(run, trajs, f"SFT step {k + 1}"))
         run.state.sft_step = k + 1
         run.log.metrics(k + 1, "sft", values)
+        if every and (k + 1) % every == 0 and k + 1 < cfg.sft.steps:
+            run.save(optimizer=sft_trainer.optimizer)
     run.sync_weights()
     run.evaluate(0, "after_sft")
     if cfg.run.image_probe:
         run.probe_images(0, "after_sft")
+    if every:
+        run.save()
+
+
+def require_batch(run: Run, trajs: list, what: str):
+    """The step's batch, or :class:`NothingToTrainError` saying why no episode generated a token."""
+    batch = run.collate(trajs)
+    if batch is None:
+        reasons = dict(Counter(t.stop_reason for t in trajs))
+        error = next((t.error for t in trajs if t.error), None)
+        raise NothingToTrainError(f"{what}: none of the {len(trajs)} episodes generated a token to train on "
+                                  f"(stop reasons {reasons}" + (f"; first error: {error})" if error else ")"))
+    return batch

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import shutil
 from pathlib import Path
 
 import torch
@@ -19,7 +20,8 @@ from vlrl.models.checksum import weights_checksum
 from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
 from vlrl.rollout.io import write_jsonl
 from vlrl.train.batch import CollateSpec, collate
-from vlrl.train.checkpoint import RunState, latest_checkpoint, load_checkpoint, save_checkpoint
+from vlrl.train.checkpoint import (RunState, checkpoint_name, latest_checkpoint, load_checkpoint, remove_partial,
+                                   save_checkpoint)
 from vlrl.train.config import TrainConfig
 from vlrl.train.metrics import RunLog
 from vlrl.train.trainer import Trainer
@@ -54,6 +56,8 @@ class Run:
         self.train_rows = make_rows(cfg.data.env, train_seeds(cfg.data.train_rows, cfg.run.seed), cfg.data.extras)
         self.eval_rows = make_rows(cfg.data.env, eval_seeds(cfg.data.eval_rows), cfg.data.extras)
         self.state = RunState()
+        self.sft_optimizer_state: dict | None = None
+        """A mid-SFT checkpoint's SFT optimizer state, for the SFT trainer to pick up on resume."""
         self.log = RunLog(cfg.out_dir)
 
     def _inference_stack(self):
@@ -125,7 +129,7 @@ class Run:
                 delta = verify(self.model)
             except Exception as exc:  # noqa: BLE001 — any failure to prove the sync is fatal
                 raise WeightSyncError(f"after sync {self.state.weight_version}: {exc}") from exc
-            self.log._append("weight_sync.jsonl", {"version": self.state.weight_version, "probe_max_abs": delta})
+            self.log.append("weight_sync.jsonl", {"version": self.state.weight_version, "probe_max_abs": delta})
             return
         want = weights_checksum(named)
         got = self.engine.weights_checksum()
@@ -144,7 +148,7 @@ class Run:
         if batch is None:
             return None
         row = {"step": step, "label": label, **image_sensitivity(self.model, batch.to(self.trainer.device)).row()}
-        self.log._append("image_sensitivity.jsonl", row)
+        self.log.append("image_sensitivity.jsonl", row)
         return row
 
     # ------------------------------------------------------------------ evaluation and checkpoints
@@ -160,18 +164,46 @@ class Run:
             write_jsonl(trajs[: self.cfg.run.samples], self.log.dir / "samples" / f"step_{step:06d}.jsonl")
         return mean
 
-    def save(self) -> Path:
-        path = self.log.dir / "checkpoints" / f"step_{self.state.rl_step:06d}"
-        return save_checkpoint(path, self.model, self.trainer.optimizer, dataclasses.replace(self.state))
+    def save(self, *, optimizer=None, log_sizes: dict[str, int] | None = None) -> Path:
+        """Checkpoint now (atomically). ``optimizer``: the SFT trainer's mid-SFT (default: the RL one).
+        ``log_sizes``: where a resume from it trims the logs to (default: their sizes now)."""
+        state = dataclasses.replace(self.state, optimizer="rl" if optimizer is None else "sft",
+                                    log_sizes=self.log.sizes() if log_sizes is None else dict(log_sizes))
+        path = self.log.dir / "checkpoints" / checkpoint_name(state)
+        return save_checkpoint(path, self.model, optimizer or self.trainer.optimizer, state)
 
-    def resume(self, where: str) -> None:
+    def resume(self, where: str) -> bool:
+        """Restore a checkpoint (``latest``: the run dir's newest complete one) and trim the run's logs to
+        it; False when ``latest`` finds none (the run starts fresh)."""
+        checkpoints = self.log.dir / "checkpoints"
+        if checkpoints.is_dir():
+            remove_partial(checkpoints)
         path = latest_checkpoint(self.log.dir) if where == "latest" else Path(where)
         if path is None:
-            raise FileNotFoundError(f"no checkpoint under {self.log.dir / 'checkpoints'} to resume from")
-        self.state = load_checkpoint(path, self.model, self.trainer.optimizer)
+            return False
+        self.state, optim = load_checkpoint(path, self.model)
+        if optim is not None and self.state.optimizer == "rl":
+            self.trainer.optimizer.load_state_dict(optim)
+        self.sft_optimizer_state = optim if self.state.optimizer == "sft" else None
+        if path.resolve().parent == checkpoints.resolve():
+            self._drop_newer_than(path)
+            self.log.trim(self.state.log_sizes)  # what came after the checkpoint is redone, not repeated
+        else:
+            self.log.reset()  # resuming another run's checkpoint into a fresh directory
         version = self.state.weight_version
         self.state.weight_version = version - 1
         self.sync_weights()  # the engine serves the restored weights under the saved version
+        return True
+
+    def _drop_newer_than(self, path: Path) -> None:
+        """Checkpoints after the one resumed from belong to the abandoned continuation: remove them."""
+        mine = (self.state.rl_step, self.state.sft_step)
+        for other in path.parent.iterdir():
+            if other == path or not (other / "state.json").is_file():
+                continue
+            st = RunState.from_json((other / "state.json").read_text())
+            if (st.rl_step, st.sft_step) > mine:
+                shutil.rmtree(other)
 
     def close(self) -> None:
         self.log.close()
