@@ -60,7 +60,8 @@ def test_live_server_guards_every_route_and_the_client_sends_the_key(vllm_stack)
         assert http.get("/health").status_code == 200 and http.get("/version").status_code == 200
         for bearer in (None, "wrong"):
             headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
-            refused = {path: http.request(method, path, headers=headers, json={}).status_code for method, path in GUARDED}
+            refused = {path: http.request(method, path, headers=headers, json={}).status_code
+                       for method, path in GUARDED}
             assert set(refused.values()) == {401}, refused
         assert http.get("/is_paused", headers={"Authorization": f"Bearer {key}"}).status_code == 200
     stack.renderer.render([{"role": "user", "content": "hi"}])  # the stack's client holds the key

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from vllm_cases import conversations
+from vllm_cases import conversations, image
 from vlrl.errors import BadInputError
-from vlrl.messages import image_part, text_part
+from vlrl.messages import encode_image, image_part, text_part
 
 pytestmark = pytest.mark.vllm
 ARCH = "qwen2_5_vl"  # for the tests here that take no arch parameter
@@ -77,6 +78,35 @@ def test_bad_input_names_message_and_part(vllm_stack):
         renderer.render([{"role": "user", "content": "look <|image_pad|>"}])
     with pytest.raises(BadInputError, match="unknown role"):
         renderer.render([{"role": "robot", "content": "hi"}])
+
+
+def _image_forms():
+    """Every image-part form the embedded renderer accepts (``vlrl.messages``), for one image."""
+    img = image(60, 90, 7)
+    uri = encode_image(img)
+    return {"image_url": {"type": "image_url", "image_url": {"url": uri}},
+            "image_url_bare_string": {"type": "image_url", "image_url": uri},
+            "image_pil": {"type": "image", "image": img},
+            "image_array": {"type": "image", "image": np.asarray(img)},
+            "image_data_uri": {"type": "image", "image": uri},
+            "image_url_key": {"type": "image", "url": uri}}
+
+
+@pytest.mark.parametrize("form", sorted(_image_forms()))
+def test_every_image_part_form_the_embedded_renderer_accepts(vllm_stack, tiny, form):
+    """Normalised before anything reaches the server: the same render as the embedded renderer's, and as the
+    canonical ``image_url`` data-URI part's."""
+    stack, bundle = vllm_stack(ARCH), tiny(ARCH)
+
+    def conversation(part):
+        return [{"role": "user", "content": [text_part("Look:"), part, text_part("What is it?")]}]
+
+    messages = conversation(_image_forms()[form])
+    want = bundle.renderer.render(messages)
+    got = stack.renderer.render(messages)
+    assert_same_render(got, want, form)
+    assert got.token_ids == stack.renderer.render(conversation(_image_forms()["image_url"])).token_ids
+    assert form == "image_array" or messages[0]["content"][1] == _image_forms()[form]  # the caller's parts untouched
 
 
 def test_server_refusal_becomes_bad_input(vllm_stack):

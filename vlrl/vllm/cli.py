@@ -30,8 +30,8 @@ def run(args: argparse.Namespace) -> int:
                                      max_images_per_prompt=args.max_images_per_prompt, api_key=key, log_path=args.log))
     with server:
         cfg = server.config
-        print(f"vLLM serving {args.model} at {server.url} (started in {server.start_seconds:.1f} s; log {server.log_path}); "
-              f"max_model_len {cfg.max_model_len}, {cfg.max_images_per_prompt} images per prompt", flush=True)
+        print(f"vLLM serving {args.model} at {server.url} (started in {server.start_seconds:.1f} s; "
+              f"log {server.log_path}); max_model_len {cfg.max_model_len}, {cfg.max_images_per_prompt} images per prompt", flush=True)
         if not os.environ.get(KEY_ENV):  # the user's own terminal: the only place the key is shown
             print(f"every route but /health and /version needs its API key; to attach:\n"
                   f"  export VLRL_VLLM_URL={server.url} {KEY_ENV}={key}", flush=True)

@@ -32,7 +32,8 @@ _RETRY_STATUS = frozenset({502, 503, 504})
 RENDER = "/v1/chat/completions/render"
 GENERATE = "/inference/v1/generate"
 KEY_ENV = "VLRL_VLLM_API_KEY"
-"""The key of servers vlrl attaches to (``VLRL_VLLM_URL``, ``vlrl serve`` prints it); servers a stack starts get a fresh one."""
+"""The key of servers vlrl attaches to (``VLRL_VLLM_URL``; ``vlrl serve`` prints it).
+Servers a stack starts get a fresh one."""
 
 
 @dataclass(frozen=True)

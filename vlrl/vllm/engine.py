@@ -86,7 +86,8 @@ class VllmEngine:
 
     # ------------------------------------------------------------------ generate
 
-    def generate(self, prompts: Sequence[RenderedPrompt], params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
+    def generate(self, prompts: Sequence[RenderedPrompt],
+                 params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
                  *, route_keys: Sequence[Any] | None = None) -> list[Generation]:
         """Generate for every prompt, concurrently (the server batches them); results in prompt order."""
         if isinstance(params, SamplingParams):
@@ -133,7 +134,8 @@ class VllmEngine:
               "ignore_eos": params.ignore_eos, "include_stop_str_in_output": True, "logprobs": 0,
               "detokenize": bool(params.stop), "skip_special_tokens": True, "bad_words": list(VISION_TOKENS)}
         return {"model": self.model, "token_ids": list(prompt.token_ids),
-                "features": generate_features(prompt, self.image_token_id), "sampling_params": sp, "output_mode": "tokens"}
+                "features": generate_features(prompt, self.image_token_id), "sampling_params": sp,
+                "output_mode": "tokens"}
 
     def _generation(self, data: dict, prompt: RenderedPrompt, params: SamplingParams, target: str) -> Generation:
         choices = require(data, "choices", list, target)
@@ -142,7 +144,8 @@ class VllmEngine:
         c = choices[0]
         ids = [int(t) for t in require(c, "token_ids", list, target)]
         content = (c.get("logprobs") or {}).get("content")
-        if not isinstance(content, list) or len(content) != len(ids) or any(e.get("token_id") != t for e, t in zip(content, ids)):
+        if (not isinstance(content, list) or len(content) != len(ids)
+                or any(e.get("token_id") != t for e, t in zip(content, ids))):
             raise VllmServerError(f"{target} answered garbage: logprobs do not match the {len(ids)} generated tokens")
         lps = [float(e["logprob"]) for e in content]
         reason, stop_reason = c.get("finish_reason"), c.get("stop_reason")

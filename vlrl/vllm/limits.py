@@ -66,18 +66,21 @@ def model_limits(model_dir: str | os.PathLike) -> ModelLimits:
     text = cfg.get("text_config") or cfg
     try:
         positions = int(text["max_position_embeddings"])
-        layers, kv_heads = int(text["num_hidden_layers"]), int(text.get("num_key_value_heads") or text["num_attention_heads"])
+        layers = int(text["num_hidden_layers"])
+        kv_heads = int(text.get("num_key_value_heads") or text["num_attention_heads"])
         head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // int(text["num_attention_heads"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise VllmLimitError(f"{root / 'config.json'}: cannot read the text model's shape ({exc!r})") from None
-    proc = _read_json(root / "processor_config.json").get("image_processor") or _read_json(root / "preprocessor_config.json")
+    proc = (_read_json(root / "processor_config.json").get("image_processor")
+            or _read_json(root / "preprocessor_config.json"))  # ours / a downloaded Qwen-VL checkpoint's
     size = proc.get("size") or {}
     factor = int(proc.get("patch_size", 14)) * int(proc.get("merge_size", 2))
     min_pixels = int(size.get("shortest_edge") or proc.get("min_pixels") or factor * factor)
     max_pixels = int(size.get("longest_edge") or proc.get("max_pixels") or 0)
     max_tokens = math.ceil(max_pixels / factor**2) + 2 if max_pixels else 1  # + vision start / end
     return ModelLimits(max_position_embeddings=positions, min_image_tokens=max(1, math.ceil(min_pixels / factor**2)),
-                       max_image_tokens=max_tokens, kv_bytes_per_token=2 * layers * kv_heads * head_dim * SERVER_DTYPE_BYTES)
+                       max_image_tokens=max_tokens,
+                       kv_bytes_per_token=2 * layers * kv_heads * head_dim * SERVER_DTYPE_BYTES)
 
 
 def resolve_limits(model_dir: str | os.PathLike, *, max_model_len: int | None = None,

@@ -10,12 +10,16 @@ truth and only decodes it into a :class:`RenderedPrompt`:
   bit-identical to the HF processor's — no client-side normalisation, nothing to keep in sync;
 - ``engine_features``: one :class:`VllmImageFeature` per image (the payload passed back to
   generate untouched, by :func:`generate_features`);
-- ``image_hashes``: ``vlrl.messages.image_hash`` of the locally decoded images (as embedded);
+- ``image_hashes``: ``vlrl.messages.image_hash`` of the images the model receives, decoded once
+  locally by ``vlrl.messages.prepare_messages`` (as embedded);
 - ``text``: the decoded tokens with each image's pad run folded back to one ``<|image_pad|>``
   (the chat template's text, as the embedded renderer reports it).
 
-Bad input is refused locally first (same checks and messages as the embedded renderer), and a
-400 from the server becomes :class:`BadInputError` with the server's message.
+Messages go through ``vlrl.messages.prepare_messages`` first, as in the embedded renderer: the same
+checks and messages for bad input, and every image-part form the embedded renderer accepts (bare-string
+``image_url``, ``{"type": "image"}`` with a data URI, a PIL image or an array) normalised to the one
+canonical data-URI part before anything reaches the server. A 400 from the server becomes
+:class:`BadInputError` with the server's message.
 """
 
 from __future__ import annotations
@@ -25,8 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from vlrl.errors import BadInputError
-from vlrl.messages import IMAGE_PART_TYPES, ImageLimits, image_hash, load_image, validate_messages
-from vlrl.render.embedded import RESERVED_IN_TEXT
+from vlrl.messages import ImageLimits, PreparedMessages, prepare_messages
 from vlrl.render.types import PlaceholderRange, RenderedPrompt
 from vlrl.vllm.client import RENDER, VllmClient, require
 from vlrl.vllm.server import VllmServerError
@@ -70,39 +73,20 @@ class VllmRenderer:
 
     async def arender(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True,
                       tools: Sequence[dict[str, Any]] | None = None, route_key: Any = None) -> RenderedPrompt:
-        messages = list(messages)
-        images = self._check(messages)
-        body: dict[str, Any] = {"model": self.model, "messages": messages,
+        # Validated and normalised exactly as the embedded renderer does (every accepted image-part form
+        # becomes one canonical data-URI part, decoded once): the server only ever sees canonical parts.
+        prepared = prepare_messages(list(messages), limits=self.limits)
+        body: dict[str, Any] = {"model": self.model, "messages": prepared.messages,
                                 "add_generation_prompt": add_generation_prompt,
                                 "continue_final_message": False}
         if tools:
             body["tools"] = list(tools)
             body["tool_choice"] = "none"  # render only: no tool parser needed server-side
         url, data, _ = await self.client.post_any(RENDER, body, what="render", route_key=route_key)
-        return self._decode(data, images, f"{url}{RENDER}")
+        return self._decode(data, prepared, f"{url}{RENDER}")
 
-    def _check(self, messages: list[dict[str, Any]]) -> list:
-        """Validate like the embedded renderer; returns the decoded images in order."""
-        validate_messages(messages)
-        images = []
-        for mi, msg in enumerate(messages):
-            content = msg.get("content")
-            parts = [(None, content)] if isinstance(content, str) else enumerate(content or [])
-            for pi, part in parts:
-                if isinstance(part, str):
-                    text = part
-                elif part["type"] in IMAGE_PART_TYPES:
-                    images.append(load_image(part, message_index=mi, part_index=pi, limits=self.limits))
-                    continue
-                else:
-                    text = part["text"]
-                for token in RESERVED_IN_TEXT:
-                    if token in text:
-                        raise BadInputError(f"text contains the reserved vision token {token!r}; images must be "
-                                            "image parts, not placeholder text", message_index=mi, part_index=pi)
-        return images
-
-    def _decode(self, data: dict, images: list, target: str) -> RenderedPrompt:
+    def _decode(self, data: dict, prepared: PreparedMessages, target: str) -> RenderedPrompt:
+        images = prepared.images
         ids = tuple(int(t) for t in require(data, "token_ids", list, target))
         feats = data.get("features") or {}
         placeholders = self._placeholders(feats, ids, len(images), target)
@@ -119,7 +103,7 @@ class VllmRenderer:
             engine_features = tuple(VllmImageFeature(k, m, h) for k, m, h in zip(items, metas, hashes))
         text = self._text(ids, placeholders)
         return RenderedPrompt(token_ids=ids, pixel_values=pixels, image_grid_thw=grid, placeholders=placeholders,
-                              image_hashes=tuple(image_hash(im) for im in images), text=text,
+                              image_hashes=prepared.hashes, text=text,
                               engine_features=engine_features)
 
     def _placeholders(self, feats: dict, ids: tuple[int, ...], n_images: int, target: str):

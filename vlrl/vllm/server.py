@@ -77,8 +77,8 @@ def vllm_available(python: str | None = None) -> tuple[bool, str]:
             except PackageNotFoundError:
                 continue
         return True, "vllm (unknown version)"
-    probe = subprocess.run([python, "-c", "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
-                           capture_output=True)
+    code = "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    probe = subprocess.run([python, "-c", code], capture_output=True)
     return (True, f"vllm in {python}") if probe.returncode == 0 else (False, f"vllm is not installed in {python}")
 
 
@@ -87,7 +87,8 @@ def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (SIGTERM is ignored while vLLM starts)
+        # PR_SET_PDEATHSIG = 1; SIGKILL because SIGTERM is ignored while vLLM starts
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -159,7 +160,8 @@ class ServerConfig:
             d.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update({k: str(v) for k, v in dirs.items()})
-        env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
+        env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                    "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
                     "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_SERVER_DEV_MODE": "1",
                     "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", API_KEY_ENV: self.api_key})
         env.update(dict(self.extra_env))
@@ -219,7 +221,8 @@ class VllmServer:
             if self.healthy(timeout=2.0):
                 return
             if time.monotonic() > deadline:
-                raise VllmServerError(f"vLLM server at {self.url} not healthy after {self.config.startup_timeout_s:.0f} s; "
+                raise VllmServerError(f"vLLM server at {self.url} not healthy after "
+                                      f"{self.config.startup_timeout_s:.0f} s; "
                                       f"log {self.log_path}:\n{self.log_tail()}")
             time.sleep(0.5)
 

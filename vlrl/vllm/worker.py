@@ -46,7 +46,8 @@ def packed_head_error(model) -> dict[str, float]:
     for name, module in model.named_modules():
         method = getattr(module, "quant_method", None)
         w = getattr(module, "weight", None)
-        if not isinstance(method, UnquantizedEmbeddingMethod) or w is None or w.ndim != 2 or not hasattr(module, "cpu_linear"):
+        packed = isinstance(method, UnquantizedEmbeddingMethod) and hasattr(module, "cpu_linear")
+        if not packed or w is None or w.ndim != 2:
             continue
         with torch.no_grad():
             x = torch.randn(4, w.shape[1], generator=gen).to(w.dtype)
