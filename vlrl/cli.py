@@ -33,6 +33,13 @@ USAGE = 2
 FAILURE = 1
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line (the usage itself is one ``--help`` away)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(USAGE, f"{self.prog}: error: {message} (--help for usage)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("VLRL_DEBUG", "") not in ("", "0")
@@ -50,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return USAGE
     name, rest = argv[0], argv[1:]
     module = importlib.import_module(SUBCOMMANDS[name][0])
-    sub_parser = argparse.ArgumentParser(prog=f"vlrl {name}", description=SUBCOMMANDS[name][1])
+    sub_parser = _Parser(prog=f"vlrl {name}", description=SUBCOMMANDS[name][1])
     module.add_arguments(sub_parser)
     try:
         args = sub_parser.parse_args(rest)  # usage errors: one line and status 2, from argparse itself

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from vlrl.engines.types import Generation, SamplingParams
 from vlrl.errors import BadInputError, ContextOverflowError
 from vlrl.render.types import PlaceholderRange, RenderedPrompt
-from vlrl.rollout.splice import shift_placeholders, splice_turn
+from vlrl.rollout.splice import check_earlier_images, shift_placeholders, splice_turn
 from vlrl.rollout.types import StopReason, Trajectory, TurnSpan
 
 
@@ -230,6 +230,7 @@ class EpisodeRunner:
             if result is None or self._ended(result, k, spec, out):
                 break
             messages = seqs[-1][1] + list(result.observations)
+            prev = render
             try:
                 render = self.renderer.render(messages)
             except BadInputError as exc:
@@ -238,6 +239,7 @@ class EpisodeRunner:
             except Exception as exc:  # noqa: BLE001 — as in multi-turn mode: the renderer's failure, not the env's
                 out.stop, out.error = "engine_error", f"turn {k}: the renderer failed: {type(exc).__name__}: {exc}"
                 break
+            check_earlier_images(prev, render, k, offsets=False)  # a PrefixError escapes, as in multi-turn
         episode_return = sum(s.spans[0].reward for s, _ in seqs)
         trajs = [_trajectory(f"{spec.uid}/t{k}", spec, s, out, m, step_of=spec.uid)
                  for k, (s, m) in enumerate(seqs)]
@@ -287,6 +289,6 @@ def _refuse_no_room(render: RenderedPrompt, spec: EpisodeSpec) -> None:
     run's configuration, not this episode's outcome (it would give a run that generates nothing)."""
     if spec.max_turns > 0 and len(render) >= spec.max_context:
         raise ContextOverflowError(len(render), spec.max_context, (
-            f"the env's first observation renders to {len(render)} tokens ({render.n_images} images), which leaves "
+            f"the env's first observation renders to {len(render)} tokens ({render.n_images} image(s)), which leaves "
             f"no room to generate in a context of {spec.max_context} tokens: use a model (or max_context) with "
             f"more than {len(render)} tokens, or a smaller first observation"))

@@ -9,7 +9,8 @@ That is only sound if the re-render reproduces history. Before splicing we check
 
 1. ``R'`` extends the previous render ``R`` token for token up to the ``<|im_start|>`` that opened
    the assistant turn (else :class:`PrefixError`);
-2. every earlier image keeps its placeholder, grid, hash and pixel rows (else :class:`PrefixError`);
+2. every earlier image keeps its placeholder, grid, hash and pixel rows (else :class:`PrefixError`;
+   step-wise rollouts check this too, :func:`check_earlier_images`);
 3. the assistant turn in ``R'`` is exactly the tokenisation of ``"assistant\\n" + text`` followed by
    ``<|im_end|>`` — the template did not rewrite the turn (e.g. drop a ``<think>`` block), else
    :class:`HistoryRewriteError`.
@@ -68,7 +69,11 @@ def _check_prefix(tokenizer, prev: Sequence[int], new: Sequence[int], upto: int,
             "The chat template or renderer changed earlier history.")
 
 
-def _check_images(prev: RenderedPrompt, new: RenderedPrompt, turn: int) -> None:
+def check_earlier_images(prev: RenderedPrompt, new: RenderedPrompt, turn: int, *, offsets: bool = True) -> None:
+    """Every image of ``prev`` is in ``new`` unchanged: hash, placeholder, grid and pixel rows (else
+    :class:`PrefixError`). Both rollout modes check this each turn; step-wise mode cannot check the tokens
+    (its templates rewrite history, which may move placeholders: ``offsets=False`` compares their lengths)
+    but the images must never change."""
     import torch
 
     n = prev.n_images
@@ -77,7 +82,8 @@ def _check_images(prev: RenderedPrompt, new: RenderedPrompt, turn: int) -> None:
                           f"(hashes {list(prev.image_hashes)} vs {list(new.image_hashes[:n])})")
     if n == 0:
         return
-    if tuple(new.placeholders[:n]) != tuple(prev.placeholders):
+    moved = [p.offset for p in new.placeholders[:n]] != [p.offset for p in prev.placeholders]
+    if (offsets and moved) or [p.length for p in new.placeholders[:n]] != [p.length for p in prev.placeholders]:
         raise PrefixError(f"turn {turn}: earlier image placeholders moved: {list(prev.placeholders)} vs "
                           f"{list(new.placeholders[:n])}")
     if not torch.equal(new.image_grid_thw[:n], prev.image_grid_thw):
@@ -101,7 +107,7 @@ def splice_turn(tokenizer, prev: RenderedPrompt, new: RenderedPrompt, text: str,
     if opened is None:
         raise PrefixError(f"turn {turn}: the prompt has no {TURN_START}: not a ChatML generation prompt")
     _check_prefix(tokenizer, prev_ids, new_ids, opened + 1, turn)
-    _check_images(prev, new, turn)
+    check_earlier_images(prev, new, turn)
     head = tokenizer.decode(list(prev_ids[opened + 1:]))
     want = tuple(tokenizer.encode(head + text, add_special_tokens=False)) + (end_id,)
     got = tuple(new_ids[opened + 1: opened + 1 + len(want)])
