@@ -15,6 +15,7 @@ import torch
 from vlrl.algos import agg_counts, get_advantage_fn, get_aggregation_fn
 from vlrl.algos.config import AlgoConfig
 from vlrl.algos.correction import rollout_correction
+from vlrl.algos.diagnostics import advantage_stats, grad_norms_by_group
 from vlrl.algos.kl import kl_loss, kl_penalized_rewards
 from vlrl.algos.policy_losses import get_policy_loss_fn
 from vlrl.train.batch import Batch
@@ -32,6 +33,18 @@ class StepInputs:
     weights: torch.Tensor
     """Rollout-correction importance weights (the mask when correction is off)."""
     ref_logprobs: torch.Tensor | None
+
+
+PARAM_GROUPS = (("merger", "merger"), ("visual", "vision"), ("embed_tokens", "embed"), ("lm_head", "embed"))
+"""``(substring of a parameter name, group)``, first match wins; anything else is ``language``. Qwen-VL
+names: ``model.visual.{patch_embed,blocks}`` is the vision tower, ``model.visual.merger`` (and Qwen3's
+``deepstack_merger_list``) the projector into the language model, ``embed_tokens``/``lm_head`` the
+(often tied) token embedding and output head, ``language_model.{layers,norm}`` the decoder."""
+
+
+def param_group(name: str) -> str:
+    """The module group of a parameter name: vision, merger, embed or language (see ``PARAM_GROUPS``)."""
+    return next((group for key, group in PARAM_GROUPS if key in name), "language")
 
 
 def make_optimizer(model, lr: float, optim: OptimSection) -> torch.optim.Optimizer:
@@ -88,9 +101,11 @@ class Trainer:
         return StepInputs(old.logprobs, adv, weights, ref), {f"correction/{k}": float(v) for k, v in corr.items()}
 
     def rl_step(self, batch: Batch, inputs: StepInputs, *, seed: int = 0) -> dict[str, float]:
-        """``epochs`` passes of ``mini_batches`` optimizer steps over ``batch``; metrics averaged."""
+        """``epochs`` passes of ``mini_batches`` optimizer steps over ``batch``; metrics averaged, plus
+        the step's advantage statistics (``vlrl.algos.diagnostics.advantage_stats``)."""
         gen = torch.Generator().manual_seed(seed)
         batch = batch.to(self.device)
+        stats = advantage_stats(inputs.advantages, batch.loss_mask, batch.rewards.sum(-1), batch.groups)
         log: dict[str, list[float]] = {}
         for _ in range(self.optim.epochs):
             order = torch.randperm(batch.size, generator=gen).tolist()
@@ -98,7 +113,7 @@ class Trainer:
             for start in range(0, batch.size, size):
                 for k, v in self._update(batch, order[start:start + size], inputs).items():
                     log.setdefault(k, []).append(v)
-        return {k: sum(v) / len(v) for k, v in log.items()}
+        return {k: sum(v) / len(v) for k, v in log.items()} | stats
 
     def _update(self, batch: Batch, rows: list[int], inputs: StepInputs) -> dict[str, float]:
         """One optimizer step over ``rows``, accumulated over micro-batches (exact, see vlrl.algos.aggregation)."""
@@ -108,6 +123,7 @@ class Trainer:
         counts = agg_counts(s.loss_mask for s in subs)
         agg = get_aggregation_fn(cfg.loss_agg)
         total, metrics = 0.0, {}
+        first_sum, first_n = 0.0, 0
         for m, sub in zip(micro, subs):
             t = _rows(inputs, m, sub.input_ids.shape[1])
             out = policy_forward(self.model, sub)
@@ -124,8 +140,11 @@ class Trainer:
             pm["entropy"] = (out.entropy.detach() * sub.loss_mask).sum() / sub.loss_mask.sum().clamp(min=1)
             for k, v in pm.items():
                 metrics[k] = metrics.get(k, 0.0) + share * float(v)
-        metrics |= {"loss": total, "grad_norm": self._optimizer_step()}
-        return metrics
+            first = first_tokens(sub.loss_mask)
+            first_sum += float((out.entropy.detach() * first).sum())
+            first_n += int(first.sum())
+        metrics["entropy_first_token"] = first_sum / max(1, first_n)
+        return metrics | {"loss": total} | self._optimizer_step()
 
     def sft_step(self, batch: Batch) -> dict[str, float]:
         """Cross-entropy (token mean) on the batch's generated tokens, one optimizer step."""
@@ -140,15 +159,30 @@ class Trainer:
             loss = -(out.logprobs * sub.loss_mask).sum() / max(1, n_tok)
             loss.backward()
             total += float(loss.detach())
-        return {"loss": total, "grad_norm": self._optimizer_step()}
+        return {"loss": total} | self._optimizer_step()
 
-    def _optimizer_step(self) -> float:
+    def _optimizer_step(self) -> dict[str, float]:
+        """Clip, step, zero; returns ``grad_norm`` (global, before clipping) and ``grad_norm/<group>``
+        per module group (``param_group``), also before clipping."""
+        by_group = grad_norms_by_group(self.model.named_parameters(), param_group)
         params = [p for p in self.model.parameters() if p.grad is not None]
         clip = self.optim.grad_clip if self.optim.grad_clip > 0 else float("inf")
         norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return norm
+        return {"grad_norm": norm} | {f"grad_norm/{g}": v for g, v in sorted(by_group.items())}
+
+
+def first_tokens(loss_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, L]`` float: 1 on the first generated token of every turn (a 1 in ``loss_mask`` after a 0).
+
+    In color_square that is the colour word, the one decision of the reply; the tokens after it
+    (end of turn) are near-deterministic and dilute a per-token entropy mean.
+    """
+    m = loss_mask.bool()
+    before = torch.zeros_like(m)
+    before[:, 1:] = m[:, :-1]
+    return (m & ~before).to(torch.float32)
 
 
 def _cat_probes(parts: list[ForwardOutput]) -> ProbeOutput | None:
