@@ -18,7 +18,8 @@ def rgb(h: int, w: int, seed: int) -> np.ndarray:
 
 
 def prompt_of_length(renderer, n_tokens: int, n_images: int, seed: int):
-    """A one-turn user prompt of exactly ``n_tokens`` tokens with ``n_images`` small images (filler text)."""
+    """A one-turn user prompt of exactly ``n_tokens`` tokens with ``n_images`` small images (filler text);
+    the shortest such prompt when ``n_tokens`` is below it (images and template take their own tokens)."""
     images = [image_part(rgb(56 + 28 * ((seed + k) % 3), 56 + 28 * (k % 2), seed * 7 + k)) for k in range(n_images)]
 
     def render(n_words: int):
@@ -26,6 +27,8 @@ def prompt_of_length(renderer, n_tokens: int, n_images: int, seed: int):
         return renderer.render([{"role": "user", "content": [*images, {"type": "text", "text": text or "hi"}]}])
 
     words = 1
+    if len(shortest := render(1)) >= n_tokens:
+        return shortest
     for _ in range(8):  # each filler word is ~2 tokens; converge on the exact length
         p = render(words)
         if len(p) == n_tokens:
@@ -35,7 +38,8 @@ def prompt_of_length(renderer, n_tokens: int, n_images: int, seed: int):
 
 
 def _trim_to(prompt, n_tokens: int, renderer):
-    """Last resort: drop or add single tokens of filler inside the text to hit the length exactly."""
+    """Last resort: drop or add single filler tokens at the end of the text (never into the images,
+    which come first) to hit the length exactly."""
     from vlrl.render.types import RenderedPrompt
 
     ids = list(prompt.token_ids)

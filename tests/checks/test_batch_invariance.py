@@ -41,5 +41,5 @@ def test_logprobs_do_not_depend_on_the_batch(size, dtype, device, widest, others
     pairs = [[0, j] for j in range(1, len(prompts))]  # the widest prompt next to each other one alone
     report = check_batch_invariance(engine, prompts, arrangements=[range(len(prompts)), shuffled, *pairs],
                                     dtype=dtype, seed=order_seed)
-    assert report.n_positions >= len(prompts) * (2 + len(pairs))  # every first token compared
+    assert report.n_positions >= 2 * len(prompts) + 2 * len(pairs)  # at least every first token compared
     report.raise_if_failed()

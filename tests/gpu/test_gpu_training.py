@@ -15,10 +15,9 @@ pytestmark = pytest.mark.gpu
 DTYPES = ["float32", "bfloat16"]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_color_square_learns_on_gpu(vlrl_train, dtype):
-    run = vlrl_train("color_square", "model.device=cuda", f"model.dtype={dtype}", "run.steps=10",
-                     "run.image_probe=true", "data.eval_rows=32")
+def test_color_square_learns_on_gpu_in_bf16(vlrl_train):
+    run = vlrl_train("color_square", "model.device=cuda", "model.dtype=bfloat16", "run.steps=10",
+                     "run.image_probe=True", "data.eval_rows=32")
     evals = {e["label"]: e["eval_reward_mean"] for e in run.record.phase("eval")}
     assert evals["before"] <= 0.3, evals
     run.assert_learned(0.9)
@@ -32,7 +31,7 @@ def test_smallest_maze_sft_then_grpo(vlrl_train, dtype):
     """maze2d/5x5 (every expert: 4 moves + stop), multi-turn with an image back after every move."""
     run = vlrl_train("maze2d", "data.env=maze2d/5x5", f"model.dtype={dtype}", "sft.steps=40", "sft.rows_per_step=16",
                      "run.steps=4", "rollout.rows_per_step=8", "data.eval_rows=32", "run.eval_every=0",
-                     "run.image_probe=true")
+                     "run.image_probe=True")
     evals = {e["label"]: e["eval_success"] for e in run.record.phase("eval")}
     assert evals["before"] <= 0.1 and evals["after_sft"] >= evals["before"] + 0.2, evals
     run.assert_agreement_held()

@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from vlrl.engines.sampling import contract_logprobs, effective_temperature, sample_tokens, top_logprobs
+from vlrl.engines.sampling import contract_logprobs, effective_temperature, fp32_logits, sample_tokens, top_logprobs
 from vlrl.engines.types import Generation, SamplingParams
 from vlrl.errors import ContextOverflowError
 from vlrl.models.positions import mrope_positions
@@ -157,7 +157,8 @@ class EmbeddedEngine:
     @torch.no_grad()
     def _decode(self, requests: list[_Request]) -> None:
         """Run ``requests`` to completion as one batch: a left-padded prefill with all images, then one
-        token per step with a KV cache; finished rows leave the batch and the cache."""
+        token per step with a KV cache; finished rows leave the batch and the cache. Logits come from
+        the decoder's last hidden state through the LM head in fp32 (``fp32_logits``, as the trainer)."""
         from transformers import DynamicCache
 
         model, device = self.model, self.device
@@ -165,8 +166,9 @@ class EmbeddedEngine:
         positions = mrope_positions(model, inputs["input_ids"], inputs["attention_mask"], inputs["image_grid_thw"])
         next_pos = positions.amax(dim=(0, 2)) + 1  # [B]: text after the prompt continues on all three axes
         cache = DynamicCache(config=model.config)
-        logits = model(**inputs, position_ids=positions, past_key_values=cache, use_cache=True,
-                       logits_to_keep=1).logits[:, -1, :]
+        head = model.get_output_embeddings()
+        hidden = model.model(**inputs, position_ids=positions, past_key_values=cache, use_cache=True).last_hidden_state
+        logits = fp32_logits(head, hidden[:, -1])
         attn = inputs["attention_mask"]
         active = list(range(len(requests)))  # request index of each batch row
         gens = [_generator(r.params, device) for r in requests]
@@ -188,8 +190,9 @@ class EmbeddedEngine:
                 active = [active[k] for k in keep]
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
             pos = next_pos.view(1, -1, 1).expand(3, -1, 1)
-            logits = model(input_ids=tokens[:, None], attention_mask=attn, position_ids=pos, past_key_values=cache,
-                           use_cache=True).logits[:, -1, :]
+            hidden = model.model(input_ids=tokens[:, None], attention_mask=attn, position_ids=pos,
+                                 past_key_values=cache, use_cache=True).last_hidden_state
+            logits = fp32_logits(head, hidden[:, -1])
             next_pos = next_pos + 1
 
     def _prefill_inputs(self, requests: list[_Request]) -> dict:

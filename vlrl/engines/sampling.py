@@ -14,6 +14,20 @@ def effective_temperature(temperature: float) -> float:
     return temperature if temperature > 0 else 1.0
 
 
+def fp32_logits(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM head in fp32: ``hidden`` ``[N, H]`` (model dtype) -> logits ``[N, V]`` fp32.
+
+    In a bf16 model the head's output rounded to bf16 is the largest term of the rollout-vs-trainer
+    gap (a logit of size 10 carries ±0.03 of rounding, different on each side because the hidden
+    states differ in their last bits); computing the projection from the same bf16 inputs in fp32
+    leaves only the hidden states' own differences (measured: benchmarks/results/gpu_correctness_h100/).
+    The engine and the trainer both call this. A no-op cast for fp32 models.
+    """
+    weight = lm_head.weight
+    bias = getattr(lm_head, "bias", None)
+    return torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+
+
 def contract_logprobs(logits: torch.Tensor, temperatures: torch.Tensor | float, banned: torch.Tensor) -> torch.Tensor:
     """``log_softmax(logits / T)`` in fp32 over the vocabulary without ``banned`` (the vision ids,
     which get -inf). logits ``[B, V]`` (model dtype), temperatures ``[B]`` or one float, banned ``[n]``

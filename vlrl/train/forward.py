@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from vlrl.engines.sampling import contract_logprobs, effective_temperature
+from vlrl.engines.sampling import contract_logprobs, effective_temperature, fp32_logits
 from vlrl.models.positions import mrope_positions
 from vlrl.models.tokenizer import vision_token_ids
 from vlrl.train.batch import Batch
@@ -138,7 +138,7 @@ def chunked_token_stats(lm_head, hidden: torch.Tensor, targets: torch.Tensor, te
 
 def _chunk(lm_head, h: torch.Tensor, targets: torch.Tensor, temperature: float, banned: torch.Tensor,
            with_entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    logp = contract_logprobs(lm_head(h), temperature, banned)  # [C, V], the engine's own function
+    logp = contract_logprobs(fp32_logits(lm_head, h), temperature, banned)  # [C, V], the engine's own functions
     lp = logp.gather(1, targets[:, None])[:, 0]
     if not with_entropy:
         return lp, torch.zeros_like(lp).detach()
@@ -158,7 +158,8 @@ def _probe(model, batch: Batch, hidden: torch.Tensor, temperature: float, chunk_
     step = len(top) if chunk_size is None else chunk_size
     ids, lps, at = [], [], []
     for s in range(0, len(top), step):
-        logp = contract_logprobs(model.get_output_embeddings()(h[s:s + step]), temperature, banned_ids(model))
+        logp = contract_logprobs(fp32_logits(model.get_output_embeddings(), h[s:s + step]), temperature,
+                                 banned_ids(model))
         v, i = torch.topk(logp, top.k, dim=-1)
         ids.append(i)
         lps.append(v)
