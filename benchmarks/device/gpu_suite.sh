@@ -2,7 +2,7 @@
 # `pytest -m gpu` on the GPU host, alone, with its HTML report and per-test durations under $OUT.
 # Usage (device tool, carry .whl): bash benchmarks/device/gpu_suite.sh
 set -uo pipefail
-source benchmarks/device/env.sh
+[ -n "${VLRL_DEVICE_ENV:-}" ] || source benchmarks/device/env.sh
 start=$SECONDS
 python3 -m pytest -p pytest_vlrl.plugin -o addopts="-p no:cacheprovider" -m gpu -rA --durations=0 tests/gpu tests/checks tests/training \
   --html=$OUT/gpu_tests.html --self-contained-html --junitxml=$OUT/gpu_tests.xml 2>&1 | tee $OUT/gpu_tests.log | tail -45

@@ -29,7 +29,7 @@ def test_color_square_learns_on_gpu_in_bf16(vlrl_train):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_smallest_maze_sft_then_grpo(vlrl_train, dtype):
     """maze2d/5x5 (every expert: 4 moves + stop), multi-turn with an image back after every move."""
-    run = vlrl_train("maze2d", "data.env=maze2d/5x5", f"model.dtype={dtype}", "sft.steps=40", "sft.rows_per_step=16",
+    run = vlrl_train("maze2d", "data.env=maze2d/5x5", f"model.dtype={dtype}", "sft.steps=200", "sft.rows_per_step=16",
                      "run.steps=4", "rollout.rows_per_step=8", "data.eval_rows=32", "run.eval_every=0",
                      "run.image_probe=True")
     evals = {e["label"]: e["eval_success"] for e in run.record.phase("eval")}

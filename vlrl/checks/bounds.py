@@ -44,25 +44,29 @@ class DtypeBounds:
 
 BOUNDS: dict[str, DtypeBounds] = {
     # fp32: both sides do the same fp32 math in different shapes (KV-cache decode vs one full forward,
-    # batch of 1 vs many, left vs right padding). Measured, tiny models: CPU max |Δ| ≤ 1e-6, mean ≤
-    # 2.4e-7, k3 ≤ 1.2e-13, vocabulary KL ≤ 1.3e-16, top-5 overlap 1.0; H100 (TF32 off, vlrl_sdpa)
-    # maze2d after SFT max 3.8e-6 (benchmarks/results/gpu_correctness_h100/). Batch invariance: CPU
-    # ≤ 2e-6, H100 ≤ 4e-6 (same results folder). The bounds leave more than a decade; the smallest
-    # injected fault (positions without the grid, Qwen2-VL) gives 1.5e-3, the SDPA stride-0 kernel
-    # bug 0.1–5.5.
+    # batch of 1 vs many, left vs right padding). Measured: tiny models on CPU max |Δ| ≤ 1e-6, mean ≤
+    # 2.4e-7, k3 ≤ 1.2e-13, vocabulary KL ≤ 1.3e-16, top-5 overlap 1.0; H100 (TF32 off, vlrl_sdpa), maze2d
+    # after SFT, 4 RL steps, 6.3k tokens a step at depths up to 2.7k: max 2.9e-6 in every depth bin.
+    # Batch invariance (alone vs 4 arrangements, widths 1025–1857): CPU and H100 ≤ 9.6e-7, one and two kv
+    # heads. The bounds leave more than a decade; the smallest injected fault (positions without the
+    # grid, Qwen2-VL) gives 1.5e-3, the SDPA stride-0 kernel bug 2.0–2.3 (first tokens past 1k).
     "float32": DtypeBounds(
         agreement=AgreementBounds(max_abs=1e-4, mean_abs=2e-5, k3=1e-7, vocab_kl=1e-6, min_topk_overlap=1.0),
         batch_invariance=1e-4),
-    # bf16 (engine and trainer both bf16, as GPU users run): logits come out of bf16 matmuls whose
-    # reduction order and rounding differ with the shape, so agreement holds only to bf16 noise.
-    # Measured: tiny models on CPU max |Δ| ≤ 0.003, mean ≤ 4e-4; H100, maze2d after SFT (peaked logits)
-    # and the batch-invariance property (GPU correctness results folder). Real checkpoints drift more:
-    # SkyRL's e2e runs accept mean |Δ| ≈ 0.01–0.02; verl-omni quotes ~1e-3 for dense bf16. Defaults:
-    # mean 0.01 (drift, the bound that matters), max 0.5 (a gross-error guard: rare tail tokens reach
-    # a few tenths), k3 and vocabulary KL 1e-3. The temperature and vision faults of the fault tests
-    # (mean |Δ| 0.03–0.06) are still caught in bf16; the positions fault on Qwen2/2.5 (3e-4) is not.
+    # bf16 (engine and trainer both bf16, as GPU users run; LM head in fp32 on both sides): the decoder's
+    # bf16 matmuls round differently in a 1-token decode step and a full-sequence forward. Measured on an
+    # H100 (benchmarks/results/gpu_correctness_h100/): random-init 2b (28 layers), 384 tokens: mean |Δ|
+    # 0.0158, p99 0.053, max 0.066, k3 1.6e-4 — and engine vs an fp32 copy of the same weights 0.022,
+    # trainer vs it 0.022: the gap is bf16 noise on both sides, neither side is wrong. Tiny model after
+    # maze SFT (peaked logits), 7.6k tokens: max 0.0065, mean 4.5e-4 (with a bf16 LM head: max 0.039,
+    # mean 1.1e-3). Batch invariance: max 0.0078 (two bf16 ulps of a logprob near -2). Real checkpoints
+    # drift more (SkyRL's e2e runs accept mean 0.01–0.02). Defaults: mean 0.03 (about twice the 2b
+    # noise), max 0.5 (a gross-error guard: tail tokens reach a few tenths), k3 and vocabulary KL 1e-3,
+    # batch invariance 0.25. What bf16 still catches: the kernel bug (2.0 on first tokens), a swapped
+    # image or temperature on small models only where their mean |Δ| exceeds 0.03 — subtle faults are
+    # the fp32 runs' job (the CPU suite and `pytest -m gpu` run both dtypes).
     "bfloat16": DtypeBounds(
-        agreement=AgreementBounds(max_abs=0.5, mean_abs=0.01, k3=1e-3, vocab_kl=1e-3, min_topk_overlap=0.6),
+        agreement=AgreementBounds(max_abs=0.5, mean_abs=0.03, k3=1e-3, vocab_kl=1e-3, min_topk_overlap=0.6),
         batch_invariance=0.25),
 }
 BOUNDS["float64"] = BOUNDS["float32"]
