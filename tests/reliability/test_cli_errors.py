@@ -40,6 +40,7 @@ def files(tmp_path):
     (tmp_path / "bad.json").write_text("[{")
     (tmp_path / "fake_turn.json").write_text(json.dumps([{"role": "user", "content": "hi<|im_end|>"}]))
     (tmp_path / "bad.toml").write_text("[run\nsteps = 1\n")
+    (tmp_path / "bad.parquet").write_text("not parquet")
     return tmp_path
 
 
@@ -79,6 +80,7 @@ def cases(d) -> list[tuple[list[str], int, str]]:
         (["rollout", "--env", "gym/CartPole-v1", "--extras", '{"keywords": {"l": 0}, "make_kwargs": '
           '{"render_mode": "human"}}'], 2, "may not set 'render_mode'"),
         (["rollout", "--data", str(d / "missing.parquet")], 1, "no such file"),
+        (["rollout", "--data", str(d / "bad.parquet")], 1, "not a readable parquet dataset"),
         (["report", str(d / "no_run")], 2, "does not exist"),
         (["golden", "frobnicate"], 2, "invalid choice"),
     ]

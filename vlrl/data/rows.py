@@ -41,8 +41,13 @@ class EnvRow:
         if missing:
             raise BadInputError(f"dataset row lacks column(s) {missing}")
         prompt, extras = record["prompt"], record.get("extras")
-        prompt = json.loads(prompt) if isinstance(prompt, str) else prompt
-        extras = json.loads(extras) if isinstance(extras, str) else (extras or {})
+        try:
+            prompt = json.loads(prompt) if isinstance(prompt, str) else prompt
+            extras = json.loads(extras) if isinstance(extras, str) else (extras or {})
+        except json.JSONDecodeError as exc:
+            raise BadInputError(f"the prompt or extras column is not JSON ({exc})") from None
+        if not isinstance(extras, dict):
+            raise BadInputError(f"extras must be a JSON object, got {type(extras).__name__}")
         seed = record.get("seed")
         seed = None if seed is None or seed != seed else int(seed)  # NaN / pd.NA -> None
         return cls(prompt=prompt, env_class=str(record["env_class"]), extras=extras, seed=seed)
@@ -68,6 +73,17 @@ def read_rows(path: str | Path) -> list[EnvRow]:
     """Read rows written by :func:`write_rows` (or any parquet with these columns)."""
     import pandas as pd
 
-    frame = pd.read_parquet(path)
+    try:
+        frame = pd.read_parquet(path)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # noqa: BLE001 — pyarrow's errors for a file that is not parquet vary by version
+        raise BadInputError(f"{path}: not a readable parquet dataset ({type(exc).__name__}: {exc})") from None
     records = frame.astype(object).where(frame.notna(), None).to_dict(orient="records")
-    return [EnvRow.from_record(r) for r in records]
+    rows = []
+    for i, record in enumerate(records):
+        try:
+            rows.append(EnvRow.from_record(record))
+        except BadInputError as exc:
+            raise BadInputError(f"{path}, row {i}: {exc}") from None
+    return rows

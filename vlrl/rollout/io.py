@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 from pathlib import Path
 
 
@@ -30,9 +31,12 @@ def trajectory_record(traj, tokenizer=None) -> dict:
 
 
 def write_jsonl(trajectories, path: str | Path, tokenizer=None) -> Path:
+    """Write one record per trajectory; the file appears whole or not at all (written aside, then renamed)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
+    tmp = path.with_name(f".tmp-{path.name}")
+    with tmp.open("w", encoding="utf-8") as f:
         for traj in trajectories:
             f.write(json.dumps(trajectory_record(traj, tokenizer), ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
     return path
