@@ -74,6 +74,8 @@ def cases(d) -> list[tuple[list[str], int, str]]:
         (["train", "no_such_recipe"], 2, "no recipe 'no_such_recipe'"),
         (["train", str(d / "bad.toml")], 2, "not valid TOML"),
         (["train", "color_square", "run.steps"], 2, "not section.key=value"),
+        (["train", "color_square", f"model.path={d / 'none'}"], 2, "no such checkpoint directory"),
+        (["train", "color_square", f"run.resume={d / 'model'}"], 2, "not a checkpoint directory"),
         (["rollout", "--rows", "-3"], 2, "--rows: -3 is below the minimum of 1"),
         (["rollout", "--repeats", "0"], 2, "below the minimum"),
         (["rollout", "--env", "nope"], 2, "unknown env_class"),

@@ -319,8 +319,16 @@ def _describe(hint: Any) -> str:
 
 
 def _check_names(config: TrainConfig) -> None:
-    """Names that live in registries: the env class, and the SFT expert when SFT runs."""
+    """Names that live in registries (the env class, the SFT expert when SFT runs) and paths that must
+    exist (a checkpoint to train, one to resume from): checked before any model loads."""
     from vlrl.envs.registry import registered_envs
+
+    if config.model.path is not None and not Path(config.model.path).is_dir():
+        raise ConfigError(f"model.path = {config.model.path!r}: no such checkpoint directory")
+    resume = config.run.resume
+    if resume not in (None, "latest") and not (Path(resume) / "state.json").is_file():
+        raise ConfigError(f"run.resume = {resume!r}: not a checkpoint directory (no state.json); "
+                          'give one under <run>/checkpoints/ or "latest"')
 
     env = config.data.env
     if env not in registered_envs() and not env.startswith("gym/"):
