@@ -28,9 +28,10 @@ StopReason = Literal["done", "length", "max_turns", "env_error", "engine_error"]
 - ``length``: the context window is full (the next prompt would not fit, or a turn's generation
   was cut by the context).
 - ``max_turns``: the rollout's turn budget ran out before the env ended the episode.
-- ``env_error``: the env raised, or returned an observation that cannot be rendered (``error``
-  says what); the turns before it are kept.
-- ``engine_error``: the engine failed (server down); the turns before it are kept.
+- ``env_error``: the env could not be made, its ``init`` or ``step`` raised, or it returned an
+  observation that cannot be rendered (``error`` says what); the turns before it are kept, and the
+  other episodes of the rollout are not affected.
+- ``engine_error``: the engine or a renderer server failed (server down); the turns before it are kept.
 """
 
 
