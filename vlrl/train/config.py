@@ -176,7 +176,9 @@ class RunSection:
     samples: int = 4
     """Eval trajectories saved per evaluation (for the report)."""
     resume: str | None = None
-    """A checkpoint dir to resume from exactly ("latest": the run dir's newest)."""
+    """A checkpoint dir to resume from exactly, logs trimmed to it ("latest": the run dir's newest complete
+    checkpoint, or a fresh start when it has none). Without it a run starts fresh, replacing what an
+    earlier run left in its directory (logs, TensorBoard, samples, checkpoints)."""
     progress: bool = True
     """Progress bars on a terminal."""
     image_probe: bool = False
