@@ -17,7 +17,7 @@ from vlrl.report.plots import bound_values
 from vlrl.report.strips import strip_cells
 from vlrl.report.training import write_report
 
-FIGURES = 4  # reward, loss, drift curve, drift histogram
+FIGURES = 5  # reward, loss, the learning section's entropy (the synthetic run logs entropy), drift curve, drift histogram
 
 
 def sources(text: str) -> list[str]:
@@ -180,3 +180,24 @@ def test_cli_writes_the_report(tmp_path, capsys):
     assert out.is_file() and f"wrote {out}" in capsys.readouterr().out
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_where_the_disagreement_sits_and_image_probes_are_shown(tmp_path):
+    run = make_run(tmp_path / "run", sample_steps=())
+    rows = [json.loads(line) for line in (run / "agreement.jsonl").read_text().splitlines()]
+    for k, row in enumerate(rows):
+        row["by_depth"] = [{"bin": "0-512", "n_tokens": 700, "max_abs": 2e-6, "mean_abs": 3e-7},
+                           {"bin": "1k-2k", "n_tokens": 2200, "max_abs": 2.2 if k == 0 else 3e-6, "mean_abs": 4e-3}]
+        row["by_turn_position"] = [{"bin": "first", "n_tokens": 640, "max_abs": 2.2 if k == 0 else 3e-6,
+                                    "mean_abs": 5e-3}, {"bin": "rest", "n_tokens": 5800, "max_abs": 1e-3,
+                                                        "mean_abs": 6e-7}]
+    write_jsonl(run / "agreement.jsonl", rows)
+    write_jsonl(run / "image_sensitivity.jsonl", [
+        {"step": 0, "label": "after_sft", "turns": 80, "sensitive_fraction": 0.05, "passed": False,
+         "blank_mean_abs_median": 1.3e-4}])
+    text = write_report(run).read_text()
+    where = text[text.index("where it sits"):]
+    assert "1k-2k" in where and "first" in where and f"max |Δ| over {len(rows)} step(s)" in where
+    assert "<td>2.2</td>" in where  # the worst over all steps, though the last step was clean
+    images = text[text.index("Image sensitivity"):]
+    assert "after_sft" in images and "0.05" in images and "FAIL" in images

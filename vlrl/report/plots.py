@@ -140,7 +140,7 @@ def drift_histogram(row: dict[str, Any]) -> bytes | None:
     if bounds:
         ax.legend(fontsize=7)
     # Trainers clamp |Δ| to the lowest edge before the log, so exact agreement lands in the first bin.
-    ax.set_xlabel("log10 |rollout − trainer logprob|  (first bin includes |Δ| = 0)")
+    ax.set_xlabel("log10 |rollout − trainer logprob|  (first bin includes |Δ| = 0, last |Δ| ≥ 1)")
     ax.set_ylabel("tokens")
     ax.set_title(f"drift histogram, step {row.get('step', '?')}")
     ax.grid(alpha=0.3)

@@ -8,6 +8,10 @@ Layout (every file optional):
                            "breached", "turns": [...], "hist": {"edges", "counts"}}
     samples/step_<N>.jsonl trajectory records (vlrl.rollout.io.trajectory_record) at eval steps
     summary.json           {"eval_before", "eval_after", "steps", "seconds", ...}
+    image_sensitivity.jsonl per probe: {"step", "label", "turns", "sensitive_fraction", "passed", ...}
+
+agreement.jsonl rows also carry "by_depth" and "by_turn_position": [{"bin", "n_tokens", "max_abs",
+"mean_abs"}] (where the disagreement sits: context depth, first token of a turn vs the rest).
 
 The trainer appends to the JSONL files while it runs, so a torn last line (or any unreadable line)
 is skipped and counted in ``RunFiles.warnings`` rather than failing the report.
@@ -33,6 +37,7 @@ class RunFiles:
     samples: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     """step -> trajectory records, steps ascending."""
     summary: dict[str, Any] | None = None
+    image_sensitivity: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     def phase(self, name: str) -> list[dict[str, Any]]:
@@ -56,6 +61,7 @@ def read_run(run_dir: str | Path) -> RunFiles:
     run.agreement = sorted(read_jsonl(root / "agreement.jsonl", run.warnings), key=_step_key)
     run.samples = read_samples(root / "samples", run.warnings)
     run.summary = _read_json(root / "summary.json", run.warnings)
+    run.image_sensitivity = read_jsonl(root / "image_sensitivity.jsonl", run.warnings)
     return run
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vlrl.report import plots
+from vlrl.report.learning import learning_section
 from vlrl.report.runfiles import RunFiles, read_run
 from vlrl.report.strips import strip_html
 
@@ -41,7 +42,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
 
 def report_html(run: RunFiles) -> str:
-    sections = [_header(run), _curves(run), _drift(run), _samples(run), _config(run)]
+    sections = [_header(run), _curves(run), learning_section(run), _drift(run), _images(run), _samples(run),
+                _config(run)]
     body = "".join(s for s in sections if s)
     name = (run.summary or {}).get("name")
     title = html.escape(f"vlrl run {name} ({run.root.name})" if isinstance(name, str) else f"vlrl run {run.root.name}")
@@ -120,7 +122,47 @@ def _drift(run: RunFiles) -> str:
     breached = [r.get("step") for r in run.agreement if r.get("breached")]
     note = (f"<p class='warn'>bound breached at step(s) {html.escape(_short(breached))}</p>" if breached
             else f"<p>within bound at all {len(run.agreement)} logged step(s)</p>")
-    return f"<h2>Logprob drift (rollout vs trainer)</h2>{note}<div class='figs'>{''.join(imgs)}</div>{_turn_table(last)}"
+    return (f"<h2>Logprob drift (rollout vs trainer)</h2>{note}<div class='figs'>{''.join(imgs)}</div>"
+            f"{_where_table(run.agreement)}{_turn_table(last)}")
+
+
+def _where_table(rows: list[dict[str, Any]]) -> str:
+    """|Δ| by context depth and by first-vs-rest token of a turn: the last step's and the worst over all steps."""
+    last = rows[-1]
+    groups = [("context depth (tokens before)", "by_depth"), ("position in the turn", "by_turn_position")]
+    body = ""
+    for title, key in groups:
+        bins = [b for b in last.get(key) or [] if isinstance(b, dict)]
+        if not bins:
+            continue
+        worst: dict[str, float] = {}
+        for r in rows:
+            for b in r.get(key) or []:
+                if isinstance(b, dict) and _is_num(b.get("max_abs")):
+                    worst[b["bin"]] = max(worst.get(b["bin"], 0.0), float(b["max_abs"]))
+        body += f"<tr><td colspan='5'><b>{html.escape(title)}</b></td></tr>" + "".join(
+            f"<tr><td>{_fmt(b.get('bin'))}</td><td>{_fmt(b.get('n_tokens'))}</td><td>{_fmt(b.get('mean_abs'))}</td>"
+            f"<td>{_fmt(b.get('max_abs'))}</td><td>{_fmt(worst.get(b.get('bin')))}</td></tr>" for b in bins)
+    if not body:
+        return ""
+    head = (f"<tr><td>bin</td><td>tokens</td><td>mean |Δ| (step {_fmt(last.get('step'))})</td><td>max |Δ|</td>"
+            f"<td>max |Δ| over {len(rows)} step(s)</td></tr>")
+    return f"<p style='font-size:13px'>where it sits:</p><table class='kv'>{head}{body}</table>"
+
+
+def _images(run: RunFiles) -> str:
+    """The image-sensitivity probes (run.image_probe): does each turn's policy look at its image?"""
+    if not run.image_sensitivity:
+        return ""
+    cells = "".join(
+        f"<tr><td>{_fmt(r.get('label'))} (step {_fmt(r.get('step'))})</td><td>{_fmt(r.get('turns'))}</td>"
+        f"<td>{_fmt(r.get('sensitive_fraction'))}</td><td>{_fmt(r.get('blank_mean_abs_median'))}</td>"
+        f"<td>{'<span class=pass>PASS</span>' if r.get('passed') else '<span class=fail>FAIL</span>'}</td></tr>"
+        for r in run.image_sensitivity)
+    return ("<h2>Image sensitivity</h2><p style='font-size:13px'>each turn's generated logprobs re-scored with "
+            "only that turn's image blanked or swapped (vlrl.checks.image_sensitivity); a blind policy moves "
+            "nothing</p><table class='kv'><tr><td>probe</td><td>turns</td><td>sensitive fraction</td>"
+            f"<td>median |Δ| blanked</td><td></td></tr>{cells}</table>")
 
 
 def _turn_table(row: dict[str, Any]) -> str:

@@ -97,7 +97,8 @@ class RunLog:
 
         o = report.overall
         edges = [-12.0 + 0.5 * i for i in range(25)]  # log10 |Δ| from 1e-12 to 1
-        d = diffs.abs().double().clamp(min=1e-12).log10() if diffs.numel() else torch.zeros(0)
+        # |Δ| = 0 lands in the first bin and |Δ| >= 1 in the last (histc drops values outside its range)
+        d = diffs.abs().double().clamp(min=1e-12, max=0.99).log10() if diffs.numel() else torch.zeros(0)
         counts = torch.histc(d, bins=len(edges) - 1, min=edges[0], max=edges[-1]).long().tolist() if d.numel() else []
         row = {"step": step, "max_abs": o.max_abs, "mean_abs": o.mean_abs, "k3": o.k3, "ratio_min": o.ratio_min,
                "ratio_max": o.ratio_max, "breached": report.breached, "bound": report.bounds.max_abs,
