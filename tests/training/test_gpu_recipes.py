@@ -9,4 +9,5 @@ import pytest
 def test_gpu_recipes_load(recipe):  # no GPU needed to parse them: part of the default run
     from vlrl.train.config import load_config
 
-    assert load_config(recipe).model.device == "cuda"
+    cfg = load_config(recipe)
+    assert cfg.model.device == "cuda" and cfg.model.dtype == "bfloat16"  # GPU recipes run bf16 by default

@@ -2,8 +2,8 @@
 # Device-tool experiment: several color_square recipe variants in parallel on the GPU host's 16 CPU
 # cores (2 threads each), to pick the CPU recipe's settings. Results (metrics, summaries) under $OUT.
 set -uo pipefail
-pip install -q --no-deps --target /tmp/pylib build/wheels/*.whl 2>&1 | tail -2
-export PYTHONPATH=$PWD:/tmp/pylib VLRL_CACHE=/tmp/vlrl-cache OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1
+source benchmarks/device/env.sh
+export OMP_NUM_THREADS=2
 python3 -c "from vlrl.models.build import cached_model_dir; print(cached_model_dir('qwen2_5_vl','tiny'))" 2>&1 | tail -1
 run() {  # name, overrides...
   local name=$1; shift
@@ -11,7 +11,7 @@ run() {  # name, overrides...
     > $OUT/$name.log 2>&1
   echo "$name rc=$? $(tail -1 $OUT/$name.log | cut -c1-300)"
 }
-while read -r line; do [ -n "$line" ] && run $line & done < "${SWEEP:-scripts/device/sweep.txt}"
+while read -r line; do [ -n "$line" ] && run $line & done < "${SWEEP:-benchmarks/device/color_square_sweep.txt}"
 wait
 for f in $OUT/*/metrics.jsonl; do echo "== $f"; grep '"eval"' $f | python3 -c "
 import sys, json
