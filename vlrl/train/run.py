@@ -68,9 +68,13 @@ class Run:
             engine = EmbeddedEngine(copy.deepcopy(self.model).eval(), self._tokenizer())
             return EmbeddedRenderer.from_pretrained(self.model_dir), engine, lambda: None
         if self.cfg.rollout.engine == "vllm":
+            from vlrl.vllm.limits import episode_images
             from vlrl.vllm.stack import vllm_stack
 
-            stack = vllm_stack(self.model_dir)
+            c = self.cfg  # the server's limits come from the run: images an episode holds, the model's context
+            stack = vllm_stack(self.model_dir,
+                               max_images_per_prompt=episode_images(c.data.env, c.data.extras, c.rollout.max_turns),
+                               max_model_len=int(self.model.config.text_config.max_position_embeddings))
             return stack.renderer, stack.engine, stack.close
         raise ValueError(f"rollout.engine must be 'embedded' or 'vllm', got {self.cfg.rollout.engine!r}")
 
