@@ -56,7 +56,7 @@ class Golden:
             path.write_text(actual, encoding="utf-8", newline="\n")
         if expected is None:
             pytest.fail(f"golden file {relpath} was missing: written; review it and commit it", pytrace=False)
-        diff = golden_diff(expected, actual)
+        diff = golden_diff(expected, actual, path=path)  # a corrupt file is named by path and line
         self.node.stash[DIFFS] = f"{relpath}\n{diff}"
         if self.config.getoption("vlrl_regen_all"):
             return

@@ -14,11 +14,13 @@ import json
 import time
 from pathlib import Path
 
+from vlrl.models.archs import ARCHS
+
 EPISODES = (("color_square", 1), ("maze2d/easy", 4), ("geometry", 2))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--arch", default="qwen2_5_vl", help="tiny model architecture")
+    parser.add_argument("--arch", default="qwen2_5_vl", choices=ARCHS, help="tiny model architecture")
     parser.add_argument("--seed", type=int, default=0, help="env and sampling seed")
     parser.add_argument("--out", default="reports/demo.html", help="report path")
 
