@@ -6,9 +6,15 @@ import functools
 
 import pytest
 
+from vlrl.models.archs import ARCHS
+
 pytest_plugins = ["pytester"]
 
-ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+@pytest.fixture(params=ARCHS)
+def arch(request) -> str:
+    """Each of the three architectures (a test that takes ``arch`` runs once per architecture)."""
+    return request.param
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ import pytest
 from PIL import Image
 
 from vlrl.envs import make_env
-from vlrl.golden.scenarios import ARCHS, SCENARIOS, register_scenario_envs
+from vlrl.golden.scenarios import SCENARIOS, register_scenario_envs
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "vlrl" / "models" / "templates" / "chatml_vl.jinja"
@@ -92,7 +92,6 @@ def image_sizes(messages):
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-@pytest.mark.parametrize("arch", ARCHS)
 def test_golden_is_derivable_independently(vlrl_model_dir, arch, scenario):
     header, tokens = read_golden(ROOT / "golden" / arch / f"{scenario}.golden")
     n_turns = sum(line.startswith("turn ") for line in header)

@@ -7,13 +7,12 @@ from pathlib import Path
 import pytest
 
 from vlrl.golden.files import golden_diff, render_scenario
-from vlrl.golden.scenarios import ARCHS, SCENARIOS
+from vlrl.golden.scenarios import SCENARIOS
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-@pytest.mark.parametrize("arch", ARCHS)
 def test_golden(tiny, vlrl_golden, arch, scenario):
     bundle = tiny(arch)
     vlrl_golden.check(f"{arch}/{scenario}.golden", render_scenario(arch, scenario, bundle.renderer, bundle.engine))

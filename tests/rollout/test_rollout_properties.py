@@ -15,10 +15,10 @@ from rollout_env import OBS_KINDS, probe_row
 from vlrl.checks.logprobs import full_forward_logprobs
 from vlrl.engines.types import SamplingParams
 from vlrl.messages import IMAGE_PART_TYPES
+from vlrl.models.archs import ARCHS
 from vlrl.render.types import RenderedPrompt
 from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
 
-ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 STOPS = ((), ("e",), ("a", "\n"), ("o",))
 
 

@@ -25,7 +25,6 @@ def _trainer(model, batch):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-@pytest.mark.parametrize("arch", H.ARCHS)
 def test_correct_trainer_agrees_including_the_full_distribution(single_turn, arch, temperature):
     b, batch = _batch(single_turn, arch, temperature)
     report = assert_logprobs_agree(batch, _trainer(b.model, batch), tokenizer=b.tokenizer)
@@ -33,7 +32,6 @@ def test_correct_trainer_agrees_including_the_full_distribution(single_turn, arc
     assert report.distribution.k == 5 and report.distribution.topk_overlap_min == 1.0
 
 
-@pytest.mark.parametrize("arch", H.ARCHS)
 def test_multi_turn_rollouts_agree_per_turn(multi_turn, arch):
     b, trajs = multi_turn(arch)
     batch = collate(trajs, CollateSpec.from_model(b.model))
@@ -42,7 +40,6 @@ def test_multi_turn_rollouts_agree_per_turn(multi_turn, arch):
 
 
 @pytest.mark.parametrize("side", ["trainer_forgets_T", "trainer_adds_T"])
-@pytest.mark.parametrize("arch", H.ARCHS)
 def test_fault_temperature_on_one_side_only(single_turn, arch, side):
     sampled, trainer_t = (0.7, 1.0) if side == "trainer_forgets_T" else (1.0, 0.7)
     b, batch = _batch(single_turn, arch, sampled)
@@ -67,7 +64,6 @@ def _swap_images(batch: Batch, r1: int, r2: int) -> Batch:
     return batch.replace(pixel_values=pix)
 
 
-@pytest.mark.parametrize("arch", H.ARCHS)
 def test_fault_vision_tensors_of_another_trajectory(single_turn, arch):
     b, batch = _batch(single_turn, arch, 0.7)
     faulty = _swap_images(batch, 3, 4)  # the two same-size single-image rows
@@ -76,7 +72,6 @@ def test_fault_vision_tensors_of_another_trajectory(single_turn, arch):
     assert "trajectory t3" in str(info.value) or "trajectory t4" in str(info.value)
 
 
-@pytest.mark.parametrize("arch", H.ARCHS)
 def test_fault_vision_tensors_of_another_episode_multi_turn(multi_turn, arch):
     b, trajs = multi_turn(arch)
     batch = collate(trajs, CollateSpec.from_model(b.model))
@@ -85,7 +80,6 @@ def test_fault_vision_tensors_of_another_episode_multi_turn(multi_turn, arch):
         assert_logprobs_agree(batch, _trainer(b.model, faulty))
 
 
-@pytest.mark.parametrize("arch", H.ARCHS)
 def test_fault_positions_computed_without_the_image_grid(single_turn, arch, monkeypatch):
     b, batch = _batch(single_turn, arch, 0.7)
 
@@ -99,7 +93,6 @@ def test_fault_positions_computed_without_the_image_grid(single_turn, arch, monk
 
 
 @pytest.mark.parametrize("variant", ["mask_only", "mask_and_logprobs"])
-@pytest.mark.parametrize("arch", H.ARCHS)
 def test_fault_loss_mask_shifted_by_one_token(single_turn, arch, variant):
     b, batch = _batch(single_turn, arch, 0.7)
     shifted = {"loss_mask": torch.roll(batch.loss_mask, 1, dims=1)}

@@ -20,7 +20,6 @@ def _batch(b, trajs, gens=None):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-@pytest.mark.parametrize("arch", H.ARCHS)
 def test_forward_reproduces_engine_logprobs(single_turn, arch, temperature):
     """Text, single-image, three-image and same-size-image rows in one batch (one engine batch too)."""
     b, trajs, gens = single_turn(arch, temperature)
@@ -35,7 +34,6 @@ def test_forward_reproduces_engine_logprobs(single_turn, arch, temperature):
     assert (out.logprobs[~out.computed] == 0).all()
 
 
-@pytest.mark.parametrize("arch", H.ARCHS)
 def test_forward_reproduces_engine_logprobs_over_multi_turn_rollouts(multi_turn, arch):
     b, trajs = multi_turn(arch)
     batch = _batch(b, trajs)
@@ -46,7 +44,6 @@ def test_forward_reproduces_engine_logprobs_over_multi_turn_rollouts(multi_turn,
     assert (out.logprobs[m] - batch.old_logprobs[m]).abs().max() <= 1e-4
 
 
-@pytest.mark.parametrize("arch", H.ARCHS)
 def test_positions_match_the_models_own_computation(single_turn, arch):
     """vlrl's mRoPE positions on the right-padded batch == the model's own, row by row unpadded."""
     b, trajs, _ = single_turn(arch, 1.0)
@@ -67,7 +64,6 @@ def test_positions_match_the_models_own_computation(single_turn, arch):
             assert not torch.equal(pos[0, row, :n], torch.arange(n))
 
 
-@pytest.mark.parametrize("arch", H.ARCHS)
 def test_forward_matches_an_independent_full_forward(single_turn, arch):
     """Against ``full_forward_logprobs`` (positions left to the model, one unpadded sequence each)."""
     b, trajs, _ = single_turn(arch, 0.7)
@@ -97,7 +93,6 @@ def _naive(model, batch):
     return torch.nn.functional.pad(lp, (1, 0)), torch.nn.functional.pad(ent, (1, 0))
 
 
-@pytest.mark.parametrize("arch", H.ARCHS)
 def test_chunked_equals_unchunked_and_the_full_logits_reference(single_turn, arch):
     b, trajs, _ = single_turn(arch, 0.7)
     batch = _batch(b, trajs)

@@ -12,7 +12,6 @@ from vlrl.messages import image_part
 from vlrl.render.types import RenderedPrompt
 from vlrl.rollout.types import Trajectory, TurnSpan
 
-ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 
 def rgb(h: int, w: int, seed: int = 0) -> np.ndarray:

@@ -13,7 +13,7 @@ from vlrl.messages import encode_image, image_part, text_part
 pytestmark = pytest.mark.vllm
 ARCH = "qwen2_5_vl"  # for the tests here that take no arch parameter
 CASES = conversations()
-ARCHS = ("qwen2_5_vl", "qwen3_vl", "qwen2_vl")
+ARCHS = ("qwen2_5_vl", "qwen3_vl", "qwen2_vl")  # server order: qwen2_vl last (test_vllm_failures kills its servers)
 N_SERVERS = {"qwen2_vl": 2}  # qwen2_vl's stack has two servers (test_vllm_failures kills them at the end)
 
 

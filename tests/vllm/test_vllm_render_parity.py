@@ -21,7 +21,6 @@ from vlrl.messages import load_image, text_part
 
 pytestmark = pytest.mark.vllm
 ARCH = "qwen2_5_vl"
-ARCHS = ("qwen2_5_vl", "qwen3_vl", "qwen2_vl")
 N_SERVERS = {"qwen2_vl": 2}  # as the other render tests, so the running stacks are reused
 
 
@@ -78,7 +77,6 @@ def test_vllm_decoder_gives_vlrl_pixels(name):
     assert np.array_equal(np.asarray(theirs), np.asarray(ours))
 
 
-@pytest.mark.parametrize("arch", ARCHS)
 def test_vllm_render_matches_embedded_on_alpha_palette_exif_and_16_bit(vllm_stack, tiny, arch):
     renderer = vllm_stack(arch, N_SERVERS.get(arch, 1)).renderer
     for name in sorted(IMAGES):

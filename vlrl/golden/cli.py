@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vlrl.golden.scenarios import ARCHS, SCENARIOS
+from vlrl.golden.scenarios import SCENARIOS
+from vlrl.models.archs import ARCHS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,7 +13,6 @@ from typing import Any
 
 from vlrl.engines.types import SamplingParams
 
-ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 MULTI_IMAGE_ENV = "golden/multi_image"
 
 
