@@ -35,6 +35,30 @@ def _check(ok: bool, where: str, value: Any, need: str) -> None:
         raise ConfigError(f"{where} = {value!r}: {need}")
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The decoder's linear layers (Qwen-VL names): attention and MLP of every language-model layer."""
+
+
+@dataclass(frozen=True)
+class LoraSection:
+    """``model.lora``: train low-rank adapters (peft) instead of the model's weights (see vlrl.models.lora)."""
+
+    rank: int = 8
+    """Adapter rank r."""
+    alpha: float = 16.0
+    """LoRA alpha: the update is scaled by alpha / rank."""
+    targets: tuple = LORA_TARGETS
+    """Language-model linear layers to adapt, by the last part of their name (q_proj, ..., down_proj)."""
+    vision: Literal["frozen", "adapted"] = "frozen"
+    """Vision tower and projector: frozen (no adapters), or adapted (an adapter on each of their linear layers)."""
+
+    def __post_init__(self) -> None:
+        _check(self.rank >= 1, "model.lora.rank", self.rank, "must be >= 1")
+        _check(math.isfinite(self.alpha) and self.alpha > 0, "model.lora.alpha", self.alpha, "must be > 0")
+        _check(len(self.targets) >= 1 and all(isinstance(t, str) and t for t in self.targets), "model.lora.targets",
+               self.targets, "must name at least one linear layer (e.g. q_proj)")
+
+
 @dataclass(frozen=True)
 class ModelSection:
     arch: Arch = "qwen2_5_vl"
@@ -52,6 +76,9 @@ class ModelSection:
     attention: Attention = "vlrl_sdpa"
     """Attention of trainer and engine: vlrl_sdpa (SDPA with materialised kv heads, see
     vlrl.models.attention), sdpa (transformers' own, hit by a CUDA kernel bug; for diagnosis) or eager."""
+    lora: LoraSection | None = None
+    """LoRA adapters, e.g. { rank = 8, alpha = 16, targets = ["q_proj", "v_proj"], vision = "frozen" }
+    (override: model.lora.rank=8); only the adapters train and are checkpointed. None = full fine-tuning."""
 
     def __post_init__(self) -> None:
         _check(bool(_DEVICE.fullmatch(self.device)), "model.device", self.device, "expected cpu, cuda or cuda:N")
@@ -148,6 +175,9 @@ class OptimSection:
     """Optimizer steps per epoch over the step's batch."""
     epochs: int = 1
     """Passes over the step's batch."""
+    lr_scale: dict = field(default_factory=dict)
+    """RL learning rate per module group, as a factor of optim.lr: { vision, merger, language, embed }
+    (e.g. { embed = 0.1 }); groups left out train at optim.lr (vlrl.train.trainer.make_optimizer)."""
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.lr) and self.lr > 0, "optim.lr", self.lr, "must be > 0")
@@ -157,6 +187,11 @@ class OptimSection:
         _check(self.grad_clip >= 0, "optim.grad_clip", self.grad_clip, "must be >= 0 (0 = off)")
         for key in ("micro_batch_size", "mini_batches", "epochs"):
             _check(getattr(self, key) >= 1, f"optim.{key}", getattr(self, key), "must be >= 1")
+        groups = ("vision", "merger", "language", "embed")  # = vlrl.train.trainer.PARAM_GROUPS' groups
+        _check(set(self.lr_scale) <= set(groups), "optim.lr_scale", self.lr_scale,
+               f"keys must be module groups: {', '.join(groups)}")
+        _check(all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                   for v in self.lr_scale.values()), "optim.lr_scale", self.lr_scale, "factors must be numbers >= 0")
 
 
 @dataclass(frozen=True)
@@ -254,8 +289,18 @@ def load_config(recipe: str | Path, overrides: list[str] = ()) -> TrainConfig:
         if section == "name":
             raw["name"] = value
         else:
-            raw.setdefault(section, {})[name] = _parse(value)
+            _set_nested(raw.setdefault(section, {}), name, _parse(value), item)
     return build_config(raw, default_name=path.stem)
+
+
+def _set_nested(table: dict, key: str, value: Any, item: str) -> None:
+    """``key`` = ``lora.rank`` sets ``table["lora"]["rank"]`` (a table inside a section)."""
+    *parents, last = key.split(".")
+    for part in parents:
+        table = table.setdefault(part, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"override {item!r}: {part} is not a table")
+    table[last] = value
 
 
 def build_config(raw: dict, default_name: str = "run") -> TrainConfig:
@@ -263,17 +308,7 @@ def build_config(raw: dict, default_name: str = "run") -> TrainConfig:
     for section, cls in SECTIONS.items():
         if not isinstance(raw.get(section, {}), dict):
             raise ConfigError(f"[{section}] must be a table of keys, got {raw[section]!r}")
-        values = dict(raw.get(section, {}))
-        hints = typing.get_type_hints(cls)
-        unknown = set(values) - set(hints)
-        if unknown:
-            raise ConfigError(f"[{section}] has unknown key(s) {sorted(unknown)}; known: {sorted(hints)}")
-        try:
-            parts[section] = cls(**{k: _coerce(v, hints[k], f"{section}.{k}") for k, v in values.items()})
-        except ConfigError:
-            raise
-        except (KeyError, TypeError, ValueError) as exc:  # e.g. an unknown algorithm name: one error type
-            raise ConfigError(f"[{section}] {exc.args[0] if exc.args else exc}") from None
+        parts[section] = _build_table(cls, dict(raw.get(section, {})), section)
 
     unknown = set(raw) - set(SECTIONS) - {"name"}
     if unknown:
@@ -281,6 +316,20 @@ def build_config(raw: dict, default_name: str = "run") -> TrainConfig:
     config = TrainConfig(name=str(raw.get("name", default_name)), **parts)
     _check_names(config)
     return config
+
+
+def _build_table(cls, values: dict, where: str):
+    """One section (or a table inside one, such as ``model.lora``) from its keys, each coerced to its type."""
+    hints = typing.get_type_hints(cls)
+    unknown = set(values) - set(hints)
+    if unknown:
+        raise ConfigError(f"[{where}] has unknown key(s) {sorted(unknown)}; known: {sorted(hints)}")
+    try:
+        return cls(**{k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()})
+    except ConfigError:
+        raise
+    except (KeyError, TypeError, ValueError) as exc:  # e.g. an unknown algorithm name: one error type
+        raise ConfigError(f"[{where}] {exc.args[0] if exc.args else exc}") from None
 
 
 def _parse(text: str) -> Any:
@@ -300,6 +349,8 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             if isinstance(value, str) and value in typing.get_args(t):
                 return value
             continue
+        if dataclasses.is_dataclass(t) and isinstance(value, dict):
+            return _build_table(t, value, where)
         if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         if t is tuple and isinstance(value, (list, tuple)):
@@ -354,4 +405,14 @@ def config_help() -> str:
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             lines.append(f"  {section}.{f.name} = {default!r}\n      {docs.get(f.name, '')}")
+            table = _table_type(typing.get_type_hints(cls)[f.name])
+            if table is not None:  # a table inside the section (model.lora): its keys too
+                sub = attribute_docs(table)
+                for g in dataclasses.fields(table):
+                    lines.append(f"  {section}.{f.name}.{g.name} = {g.default!r}\n      {sub.get(g.name, '')}")
     return "\n".join(lines)
+
+
+def _table_type(hint: Any) -> type | None:
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    return next((t for t in options if dataclasses.is_dataclass(t)), None)
