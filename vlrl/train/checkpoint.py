@@ -12,6 +12,15 @@ file flushed to disk, then renamed into place — so a process killed at any ins
 complete checkpoint or none (plus a temporary directory that the next save or resume removes), and
 :func:`latest_checkpoint` only ever sees complete ones. Loading uses ``torch.load(weights_only=True)``:
 a checkpoint holds tensors and plain containers, never code.
+
+**Distributed checkpoints.** A policy sharded with FSDP2 (``torchrun``) is saved with
+``torch.distributed.checkpoint`` (DCP) instead of ``model.pt`` / ``optimizer.pt``: ``dcp/model`` and
+``dcp/optim``, every rank writing its own shards in parallel, rank 0 the metadata, ``rng.pt`` and
+``state.json`` (and the rename). DCP reshards on load, so such a checkpoint resumes on any number of ranks —
+and in one plain process, which loads the same files into whole tensors. A plain ``model.pt`` checkpoint
+resumes under FSDP too (loaded whole, then sharded). Optimizer states are keyed by parameter name
+(``get_optimizer_state_dict``), the same in both formats. With LoRA only the adapters (the trainable
+parameters) are saved: the base weights are the model directory's.
 """
 
 from __future__ import annotations
@@ -20,13 +29,24 @@ import json
 import os
 import shutil
 from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
+
+from vlrl.train.fsdp import is_sharded, reshard
 
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".old-"
+DCP_DIR = "dcp"
+
+RestoreOptimizer = Callable[[torch.optim.Optimizer], None]
+"""Loads a checkpoint's optimizer state into an optimizer made later (the SFT one is made when SFT resumes)."""
 
 
 @dataclass
@@ -55,17 +75,39 @@ def checkpoint_name(state: RunState) -> str:
 
 
 def save_checkpoint(path: Path, model, optimizer, state: RunState) -> Path:
-    """Write a checkpoint to ``path`` atomically (see the module docstring); returns ``path``."""
+    """Write a checkpoint to ``path`` atomically (see the module docstring); returns ``path``.
+
+    Under FSDP every rank must call it (the shards are written collectively)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_partial(path.parent)
     tmp = path.parent / f"{TMP_PREFIX}{path.name}"
-    tmp.mkdir()
-    _save(model.state_dict(), tmp / "model.pt")
-    if optimizer is not None:
-        _save(optimizer.state_dict(), tmp / "optimizer.pt")
-    _save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
-    _write(tmp / "state.json", json.dumps(asdict(state), indent=2).encode())
+    main = _is_main()
+    if main:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_partial(path.parent)
+        tmp.mkdir()
+    _barrier()
+    if is_sharded(model):
+        reshard(model)
+        dcp.save({"model": get_model_state_dict(model, options=_options(model))}, checkpoint_id=tmp / DCP_DIR / "model")
+        if optimizer is not None and optimizer.state:
+            dcp.save({"optim": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=tmp / DCP_DIR / "optim")
+    elif main:
+        _save(get_model_state_dict(model, options=_options(model)), tmp / "model.pt")
+        if optimizer is not None and optimizer.state:  # an optimizer that never stepped has nothing to restore
+            _save(get_optimizer_state_dict(model, optimizer), tmp / "optimizer.pt")
+    _barrier()
+    if main:
+        _save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
+        _write(tmp / "state.json", json.dumps(asdict(state), indent=2).encode())
+        _replace(tmp, path)
+    _barrier()
+    return path
+
+
+def _replace(tmp: Path, path: Path) -> None:
+    for f in tmp.rglob("*"):
+        if f.is_file():
+            _fsync_file(f)
     _fsync(tmp)
     if path.exists():  # the same step saved again (e.g. the final save after a periodic one)
         trash = path.parent / f"{TRASH_PREFIX}{path.name}"
@@ -75,22 +117,59 @@ def save_checkpoint(path: Path, model, optimizer, state: RunState) -> Path:
     else:
         os.replace(tmp, path)
     _fsync(path.parent)
-    return path
 
 
-def load_checkpoint(path: Path, model) -> tuple[RunState, dict[str, Any] | None]:
-    """Load weights and RNG into ``model`` / torch; returns the state and the optimizer's state dict
-    (for whichever trainer ``state.optimizer`` names)."""
+def load_checkpoint(path: Path, model) -> tuple[RunState, RestoreOptimizer | None]:
+    """Load weights and RNG into ``model`` / torch; returns the state and a function that loads the saved
+    optimizer state into an optimizer over ``model`` (for whichever trainer ``state.optimizer`` names), or
+    None when the checkpoint has none. Either format into a plain or an FSDP model (collective under FSDP)."""
     path = Path(path)
     if not (path / "state.json").is_file():
         raise FileNotFoundError(f"{path} is not a complete vlrl checkpoint (no state.json)")
-    device = next(model.parameters()).device
-    model.load_state_dict(torch.load(path / "model.pt", map_location=device, weights_only=True))
-    optim = None
-    if (path / "optimizer.pt").exists():
-        optim = torch.load(path / "optimizer.pt", map_location=device, weights_only=True)
+    if (path / DCP_DIR).is_dir():
+        restore = _load_dcp(path / DCP_DIR, model)
+    else:
+        restore = _load_plain(path, model)
     torch.set_rng_state(torch.load(path / "rng.pt", weights_only=True)["torch"])
-    return RunState.from_json((path / "state.json").read_text()), optim
+    return RunState.from_json((path / "state.json").read_text()), restore
+
+
+def _options(model, **kwargs) -> StateDictOptions:
+    """Frozen parameters (a LoRA model's base) are never saved; they come from the model directory."""
+    frozen = any(not p.requires_grad for p in model.parameters())
+    return StateDictOptions(ignore_frozen_params=True, strict=not frozen, **kwargs)
+
+
+def _load_dcp(root: Path, model) -> RestoreOptimizer | None:
+    if is_sharded(model):
+        reshard(model)
+    state = {"model": get_model_state_dict(model, options=_options(model))}
+    dcp.load(state, checkpoint_id=root / "model", no_dist=not dist.is_initialized())
+    set_model_state_dict(model, state["model"], options=_options(model))
+    if not (root / "optim").is_dir():
+        return None
+
+    def restore(optimizer: torch.optim.Optimizer) -> None:
+        saved = {"optim": get_optimizer_state_dict(model, optimizer)}
+        dcp.load(saved, checkpoint_id=root / "optim", no_dist=not dist.is_initialized())
+        set_optimizer_state_dict(model, optimizer, saved["optim"])
+
+    return restore
+
+
+def _load_plain(path: Path, model) -> RestoreOptimizer | None:
+    device = next(model.parameters()).device
+    whole = is_sharded(model)  # whole tensors from model.pt, sharded by set_*_state_dict
+    weights = torch.load(path / "model.pt", map_location="cpu" if whole else device, weights_only=True)
+    set_model_state_dict(model, weights, options=_options(model, full_state_dict=whole))
+    if not (path / "optimizer.pt").exists():
+        return None
+    saved = torch.load(path / "optimizer.pt", map_location="cpu" if whole else device, weights_only=True)
+
+    def restore(optimizer: torch.optim.Optimizer) -> None:
+        set_optimizer_state_dict(model, optimizer, saved, options=StateDictOptions(full_state_dict=whole))
+
+    return restore
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -137,6 +216,23 @@ def _write(path: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _is_main() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
 
 
 def _fsync(directory: Path) -> None:

@@ -3,12 +3,21 @@
     vlrl train color_square                       # the tiny CPU recipe (vlrl/recipes/color_square.toml)
     vlrl train color_square run.steps=5 sft.steps=10 run.out=/tmp/run
     vlrl train --help-config                      # every key, with its help
+    vlrl train color_square --nproc 2             # FSDP2 over 2 processes: torchrun --nproc-per-node 2 -m vlrl train …
+
+Several processes (one per GPU; gloo on CPU) are torchrun's: ``--nproc N`` starts them on this machine. Across
+machines, run torchrun yourself on each (README, "Scale-out and LoRA").
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+
+from vlrl.errors import UsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides")
     parser.add_argument("--help-config", action="store_true", help="print every config key with its help")
     parser.add_argument("--report", action="store_true", help="write <run>/report.html at the end")
+    parser.add_argument("--nproc", type=int, default=None, metavar="N",
+                        help="train on N processes of this machine with FSDP2 (runs torchrun --nproc-per-node N)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,13 +35,26 @@ def run(args: argparse.Namespace) -> int:
     if args.help_config:
         print(config_help())
         return 0
+    cfg = load_config(args.recipe, args.overrides)  # refused here, before any process starts
+    if args.nproc is not None and "LOCAL_RANK" not in os.environ:
+        return torchrun(args)
     from vlrl.train.loop import train
 
-    cfg = load_config(args.recipe, args.overrides)
     summary = train(cfg)
+    if os.environ.get("RANK", "0") != "0":  # every rank returns the summary; rank 0 reports it
+        return 0
     if args.report:
         from vlrl.report.training import write_report
 
         summary["report"] = str(write_report(cfg.out_dir))
     print(json.dumps(summary))
     return 0
+
+
+def torchrun(args: argparse.Namespace) -> int:
+    """``vlrl train … --nproc N`` as ``torchrun --standalone --nproc-per-node N -m vlrl train …``; its status."""
+    if args.nproc < 1:
+        raise UsageError(f"--nproc must be >= 1, got {args.nproc}")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+            "-m", "vlrl", "train", args.recipe, *args.overrides, *(["--report"] if args.report else [])]
+    return subprocess.run(argv, check=False).returncode

@@ -5,6 +5,9 @@ and advantages → epochs × mini-batches of updates → weight sync (verified) 
 evaluation every N steps → checkpoint. A run resumed from a checkpoint (``run.resume``) continues
 exactly where it was saved — in SFT or RL — with its logs trimmed to that instant; a fresh run in a
 directory replaces what an earlier run left there.
+
+The same loop runs on every rank of a ``torchrun`` launch: ``Run`` hides where things happen (rollouts and
+evaluation on rank 0, logprobs and updates on every rank's share of the batch; see ``vlrl.train.run``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from vlrl.errors import VlrlError
+from vlrl.train import distributed as D
 from vlrl.train.checkpoint import write_atomic
 from vlrl.train.config import TrainConfig
 from vlrl.train.experts import expert_for
@@ -26,7 +30,8 @@ class NothingToTrainError(VlrlError):
 
 
 def train(cfg: TrainConfig, on_start: Callable | None = None) -> dict:
-    """Run ``cfg`` to the end; returns the summary (also written to ``<run>/summary.json``).
+    """Run ``cfg`` to the end; returns the summary (also written to ``<run>/summary.json``; under torchrun
+    rank 0's, on every rank).
 
     ``on_start(model)`` is called once the policy model is built (tests snapshot its weights).
     """
@@ -37,7 +42,8 @@ def train(cfg: TrainConfig, on_start: Callable | None = None) -> dict:
     try:
         if not (cfg.run.resume and run.resume(cfg.run.resume)):
             run.log.reset()
-        write_atomic(run.log.dir / "config.toml", cfg.to_toml())
+        if run.dist.is_main:
+            write_atomic(run.log.dir / "config.toml", cfg.to_toml())
         state = run.state
         if state.eval_before is None and state.rl_step == state.sft_step == 0:
             state.eval_before = run.evaluate(0, "before")
@@ -59,7 +65,7 @@ def train(cfg: TrainConfig, on_start: Callable | None = None) -> dict:
         summary = {"name": cfg.name, "eval_before": state.eval_before, "eval_after": after, "steps": cfg.run.steps,
                    "sft_steps": cfg.sft.steps, "seconds": round(time.time() - t0, 1), "out": str(run.log.dir)}
         run.log.write_json("summary.json", summary)
-        return summary
+        return D.broadcast(summary)
     finally:
         run.close()
 
@@ -71,10 +77,10 @@ def rl_step(run: Run, step: int) -> dict:
     rewards = [t.total_reward for t in trajs]
     values = {"reward_mean": sum(rewards) / len(rewards),
               "response_len": sum(sum(t.loss_mask) for t in trajs) / len(trajs)}
-    old = run.trainer.logprobs(batch, probe=batch.engine_topk is not None)  # + the full-distribution check
+    old = run.logprobs(batch, probe=batch.engine_topk is not None)  # + the full-distribution check
     agree = run.agreement(step + 1, batch, old)
     inputs, correction = run.trainer.prepare(batch, old)
-    values |= run.trainer.rl_step(batch, inputs, seed=cfg.run.seed * 7_919 + step) | correction
+    values |= run.update(batch, inputs, seed=cfg.run.seed * 7_919 + step) | correction
     values |= {"logprob_max_abs_diff": agree["max_abs"]}
     run.sync_weights()
     run.state.rl_step = step + 1
@@ -88,13 +94,13 @@ def sft(run: Run) -> None:
     cfg = run.cfg
     expert = expert_for(cfg.sft.expert or cfg.data.env.split("/")[0])
     sft_trainer = Trainer(run.model, cfg.algo, cfg.optim, lr=cfg.sft.lr)
-    if run.sft_optimizer_state is not None:
-        sft_trainer.optimizer.load_state_dict(run.sft_optimizer_state)
-        run.sft_optimizer_state = None
+    if run.restore_sft_optimizer is not None:
+        run.restore_sft_optimizer(sft_trainer.optimizer)
+        run.restore_sft_optimizer = None
     every = cfg.run.checkpoint_every
     for k in range(run.state.sft_step, cfg.sft.steps):
         trajs = run.rollout(run.next_rows(cfg.sft.rows_per_step), seed=k, repeats=1, script=expert)
-        values = sft_trainer.sft_step(require_batch(run, trajs, f"SFT step {k + 1}"))
+        values = run.sft_update(sft_trainer, require_batch(run, trajs, f"SFT step {k + 1}"))
         run.state.sft_step = k + 1
         run.log.metrics(k + 1, "sft", values)
         if every and (k + 1) % every == 0 and k + 1 < cfg.sft.steps:

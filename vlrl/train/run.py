@@ -3,6 +3,20 @@
 The trainer's model and the engine's are separate copies (as with a real inference server):
 after every optimizer step the weights are pushed to the engine and the sync is verified by
 checksum — never assumed.
+
+**Several processes** (``torchrun``, see ``vlrl.train.distributed``): the policy (and the reference model)
+is sharded with FSDP2 (``vlrl.train.fsdp``) over every rank; the engine, evaluation, logs and checkpoint
+metadata live on **rank 0**. Rank 0 rolls out and broadcasts the trajectories; each rank computes logprobs
+and gradients for its share of the batch. Why the embedded engine on rank 0 rather than one per rank: the
+rollouts are then exactly the one-process run's (same engine, same seeds), so a distributed step is provably
+the same step and a checkpoint resumes on any rank count; the engine is held once, not N times; and the
+embedded engine is the small, exact engine of tests and CPU runs. Rollouts scale with ``rollout.engine=vllm``:
+rank 0 drives any number of vLLM servers over HTTP (``VLRL_VLLM_URL``), which is where generation throughput
+comes from. Either way the weight sync gathers the full state once per step (to rank 0) and pushes it.
+
+**LoRA** (``model.lora``, ``vlrl.models.lora``): peft's adapters are injected into the policy after the
+engine's and the reference's copies are taken (both are the base model); the engine is sent the merged
+weights under the base names and verified by the same checksum.
 """
 
 from __future__ import annotations
@@ -14,15 +28,19 @@ from pathlib import Path
 
 import torch
 
+from vlrl.algos.diagnostics import advantage_stats
 from vlrl.checks.agreement import batch_agreement
 from vlrl.engines.types import SamplingParams
 from vlrl.models.checksum import weights_checksum
+from vlrl.models.lora import apply_lora, lora_layers, merged_weights
 from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
 from vlrl.rollout.io import write_jsonl
+from vlrl.train import distributed as D
 from vlrl.train.batch import CollateSpec, collate
 from vlrl.train.checkpoint import (RunState, checkpoint_name, latest_checkpoint, load_checkpoint, remove_partial,
                                    save_checkpoint)
 from vlrl.train.config import TrainConfig
+from vlrl.train.fsdp import full_weights, shard_model
 from vlrl.train.metrics import RunLog
 from vlrl.train.trainer import Trainer
 
@@ -43,29 +61,46 @@ class Run:
 
         self.cfg = cfg
         m = cfg.model
+        self.dist = D.init_distributed(m.device)
         self.model_dir = Path(m.path) if m.path else cached_model_dir(m.arch, m.size, seed=m.seed)
         if m.device.startswith("cuda") and m.dtype == "float32":
             # fp32 means fp32: no TF32 in matmuls or convolutions (the vision patch embedding is a conv),
             # or rollout and trainer logprobs drift apart with the batch shape.
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
-        self.model = load_model(self.model_dir, dtype=_dtype(m.dtype), device=m.device, attention=m.attention).train()
-        self.spec = CollateSpec.from_model(self.model)
-        self.renderer, self.engine, self._close_engine = self._inference_stack()
-        self.trainer = Trainer(self.model, cfg.algo, cfg.optim, ref_model=self._reference())
+        self.dtype = _dtype(m.dtype)
+        # Sharded parameters are fp32 master weights; forwards then run in model.dtype (vlrl.train.fsdp).
+        model = load_model(self.model_dir, dtype=torch.float32 if self.dist.sharded else self.dtype,
+                           device=self.dist.device, attention=m.attention)
+        self.spec = CollateSpec.from_model(model)
+        self.renderer, self.engine, self._close_engine = self._inference_stack(model) if self.dist.is_main \
+            else (None, None, lambda: None)
+        ref = self._reference(model)
+        if m.lora is not None:
+            apply_lora(model, rank=m.lora.rank, alpha=m.lora.alpha, targets=m.lora.targets, vision=m.lora.vision,
+                       seed=m.seed)
+        self._lora = lora_layers(model) if m.lora is not None else {}
+        self._mirror = self._probe_model(model)
+        if self.dist.sharded:
+            shard_model(model, self.dist, self.dtype)
+            if ref is not None:
+                shard_model(ref, self.dist, self.dtype)
+            D.use_global_counts()
+        self.model = model.train()
+        self.trainer = Trainer(self.model, cfg.algo, cfg.optim, ref_model=ref)
         self.train_rows = make_rows(cfg.data.env, train_seeds(cfg.data.train_rows, cfg.run.seed), cfg.data.extras)
         self.eval_rows = make_rows(cfg.data.env, eval_seeds(cfg.data.eval_rows), cfg.data.extras)
         self.state = RunState()
-        self.sft_optimizer_state: dict | None = None
-        """A mid-SFT checkpoint's SFT optimizer state, for the SFT trainer to pick up on resume."""
-        self.log = RunLog(cfg.out_dir)
+        self.restore_sft_optimizer = None
+        """A mid-SFT checkpoint's SFT optimizer state, for the SFT trainer to load on resume."""
+        self.log = RunLog(cfg.out_dir) if self.dist.is_main else D.NullLog(cfg.out_dir)
 
-    def _inference_stack(self):
+    def _inference_stack(self, model):
         if self.cfg.rollout.engine == "embedded":
             from vlrl.engines.embedded import EmbeddedEngine
             from vlrl.render.embedded import EmbeddedRenderer
 
-            engine = EmbeddedEngine(copy.deepcopy(self.model).eval(), self._tokenizer())
+            engine = EmbeddedEngine(copy.deepcopy(model).to(self.dtype).eval(), self._tokenizer())
             return EmbeddedRenderer.from_pretrained(self.model_dir), engine, lambda: None
         if self.cfg.rollout.engine == "vllm":
             from vlrl.vllm.limits import episode_images
@@ -74,19 +109,27 @@ class Run:
             c = self.cfg  # the server's limits come from the run: images an episode holds, the model's context
             stack = vllm_stack(self.model_dir,
                                max_images_per_prompt=episode_images(c.data.env, c.data.extras, c.rollout.max_turns),
-                               max_model_len=int(self.model.config.text_config.max_position_embeddings))
+                               max_model_len=int(model.config.text_config.max_position_embeddings))
             return stack.renderer, stack.engine, stack.close
         raise ValueError(f"rollout.engine must be 'embedded' or 'vllm', got {self.cfg.rollout.engine!r}")
+
+    def _probe_model(self, model):
+        """vLLM's sync is proven by a logprob probe against a whole model; a sharded policy has none on one
+        rank, so rank 0 keeps a plain copy that is loaded with the engine's weights at every sync."""
+        if not (self.dist.sharded and self.dist.is_main and self.cfg.rollout.engine == "vllm"):
+            return None
+        return copy.deepcopy(model).to(self.dtype).eval()
 
     def _tokenizer(self):
         from vlrl.models.load import load_processor
 
         return load_processor(self.model_dir).tokenizer
 
-    def _reference(self):
+    def _reference(self, model):
+        """The frozen reference of the KL term: the initial weights (with LoRA, the base model)."""
         if self.cfg.algo.kl_coef <= 0:
             return None
-        ref = copy.deepcopy(self.model).eval()
+        ref = copy.deepcopy(model).eval()
         for p in ref.parameters():
             p.requires_grad_(False)
         return ref
@@ -99,7 +142,13 @@ class Run:
         return rows
 
     def rollout(self, rows, *, seed: int, temperature: float | None = None, repeats: int | None = None,
-                script=None) -> list:
+                script=None, shared: bool = True) -> list | None:
+        """Episodes of ``rows`` on rank 0's engine; every rank gets them (``shared``), else only rank 0 (None
+        elsewhere)."""
+        trajs = self._rollout(rows, seed, temperature, repeats, script) if self.dist.is_main else None
+        return D.broadcast(trajs) if shared else trajs
+
+    def _rollout(self, rows, seed: int, temperature: float | None, repeats: int | None, script) -> list:
         r = self.cfg.rollout
         sampling = SamplingParams(temperature=r.temperature if temperature is None else temperature, top_p=r.top_p,
                                   max_tokens=r.max_tokens, stop=tuple(r.stop), logprobs_topk=r.logprobs_topk)
@@ -110,6 +159,36 @@ class Run:
     def collate(self, trajectories):
         usable = [t for t in trajectories if any(t.loss_mask)]
         return collate(usable, self.spec) if usable else None
+
+    # ------------------------------------------------------------------ the trainer, on this rank's share
+
+    def _share(self, batch) -> D.Share:
+        if int((batch.image_counts == 0).sum()):
+            # Every rank must run the vision tower in every micro-batch (FSDP all-gathers its blocks there).
+            raise D.ShardingError(f"{int((batch.image_counts == 0).sum())} of {batch.size} trajectories have no "
+                                  "image: a sharded run needs an image in every trajectory")
+        return D.share_of(batch.size, self.dist.rank, self.dist.world)
+
+    def logprobs(self, batch, *, probe: bool = False, model=None):
+        """The trainer's logprobs of the whole batch (``model``: default the policy), each rank computing its share."""
+        if not self.dist.sharded:
+            return self.trainer.logprobs(batch, model, probe=probe)
+        share = self._share(batch)
+        return D.gather_forward(self.trainer.logprobs(D.local_batch(batch, share), model, probe=probe), share, batch)
+
+    def update(self, batch, inputs, *, seed: int) -> dict:
+        """The RL update on the whole batch (``inputs`` from ``trainer.prepare`` on it), each rank its share."""
+        if not self.dist.sharded:
+            return self.trainer.rl_step(batch, inputs, seed=seed)
+        share = self._share(batch)
+        values = self.trainer.rl_step(D.local_batch(batch, share), D.local_rows(inputs, share), seed=seed)
+        b = batch.to(self.trainer.device)  # the advantage statistics of the whole batch, not of a share
+        return D.reduce_metrics(values) | advantage_stats(inputs.advantages, b.loss_mask, b.rewards.sum(-1), b.groups)
+
+    def sft_update(self, sft_trainer: Trainer, batch) -> dict:
+        if not self.dist.sharded:
+            return sft_trainer.sft_step(batch)
+        return D.reduce_metrics(sft_trainer.sft_step(D.local_batch(batch, self._share(batch))))
 
     # ------------------------------------------------------------------ checks
 
@@ -122,15 +201,29 @@ class Run:
             report.raise_if_breached()
         return row
 
+    def engine_weights(self) -> dict[str, torch.Tensor] | None:
+        """What the engine must hold: the policy's full weights (gathered from the shards under FSDP), with
+        LoRA adapters merged in, under the base model's names, in the engine's dtype. Rank 0; None elsewhere
+        (collective under FSDP: every rank calls it)."""
+        full = full_weights(self.model, self.dist)
+        if full is None:
+            return None
+        if self._lora:
+            return merged_weights(full, self._lora, self.dtype)
+        return {n: t.to(self.dtype) for n, t in full.items()}
+
     def sync_weights(self) -> None:
         """Push the trainer's weights to the engine, then verify the engine serves exactly them."""
         self.state.weight_version += 1
-        named = [(n, p.detach()) for n, p in self.model.named_parameters()]
+        weights = self.engine_weights()
+        if weights is None:  # not rank 0
+            return
+        named = list(weights.items())
         self.engine.update_weights(named, version=self.state.weight_version)
         verify = getattr(self.engine, "verify_weights", None)
         if verify is not None:  # an inference server (vLLM): a logprob probe against the trainer's model
             try:
-                delta = verify(self.model)
+                delta = verify(self._verify_model(weights))
             except Exception as exc:  # noqa: BLE001 — any failure to prove the sync is fatal
                 raise WeightSyncError(f"after sync {self.state.weight_version}: {exc}") from exc
             self.log.append("weight_sync.jsonl", {"version": self.state.weight_version, "probe_max_abs": delta})
@@ -141,9 +234,19 @@ class Run:
             raise WeightSyncError(f"after sync {self.state.weight_version} the engine's weights checksum is "
                                   f"{got[:12]}…, the trainer's {want[:12]}…")
 
+    def _verify_model(self, weights: dict[str, torch.Tensor]):
+        if self._mirror is None:
+            return self.model
+        params = dict(self._mirror.named_parameters())
+        with torch.no_grad():
+            for name, tensor in weights.items():
+                params[name].copy_(tensor)
+        return self._mirror
+
     def probe_images(self, step: int, label: str) -> dict | None:
         """Image-sensitivity probe (``vlrl.checks.image_sensitivity``) on greedy episodes of the first
-        eval rows, through the trainer's forward; logged to ``image_sensitivity.jsonl``."""
+        eval rows, through the trainer's forward; logged to ``image_sensitivity.jsonl``. Under FSDP every
+        rank runs the probe's forwards on the same episodes."""
         from vlrl.checks.image_sensitivity import image_sensitivity
 
         trajs = self.rollout(self.eval_rows[:4], seed=10_000_079, temperature=self.cfg.rollout.eval_temperature,
@@ -157,10 +260,13 @@ class Run:
 
     # ------------------------------------------------------------------ evaluation and checkpoints
 
-    def evaluate(self, step: int, label: str) -> float:
-        """Mean return over the fixed eval rows at the eval temperature (greedy by default)."""
+    def evaluate(self, step: int, label: str) -> float | None:
+        """Mean return over the fixed eval rows at the eval temperature (greedy by default); rank 0 only
+        (None elsewhere)."""
         trajs = self.rollout(self.eval_rows, seed=10_000_019, temperature=self.cfg.rollout.eval_temperature,
-                             repeats=1)
+                             repeats=1, shared=False)
+        if trajs is None:
+            return None
         mean = sum(t.total_reward for t in trajs) / max(1, len(trajs))
         success = sum(t.total_reward > 0 for t in trajs) / max(1, len(trajs))
         self.log.metrics(step, "eval", {"eval_reward_mean": mean, "eval_success": success, "label": label})
@@ -169,8 +275,8 @@ class Run:
         return mean
 
     def save(self, *, optimizer=None, log_sizes: dict[str, int] | None = None) -> Path:
-        """Checkpoint now (atomically). ``optimizer``: the SFT trainer's mid-SFT (default: the RL one).
-        ``log_sizes``: where a resume from it trims the logs to (default: their sizes now)."""
+        """Checkpoint now (atomically; every rank under FSDP). ``optimizer``: the SFT trainer's mid-SFT
+        (default: the RL one). ``log_sizes``: where a resume from it trims the logs to (default: their sizes now)."""
         state = dataclasses.replace(self.state, optimizer="rl" if optimizer is None else "sft",
                                     log_sizes=self.log.sizes() if log_sizes is None else dict(log_sizes))
         path = self.log.dir / "checkpoints" / checkpoint_name(state)
@@ -178,19 +284,22 @@ class Run:
 
     def resume(self, where: str) -> bool:
         """Restore a checkpoint (``latest``: the run dir's newest complete one) and trim the run's logs to
-        it; False when ``latest`` finds none (the run starts fresh)."""
+        it; False when ``latest`` finds none (the run starts fresh). A checkpoint of any rank count."""
         checkpoints = self.log.dir / "checkpoints"
-        if checkpoints.is_dir():
+        if self.dist.is_main and checkpoints.is_dir():
             remove_partial(checkpoints)
+        D.barrier()
         path = latest_checkpoint(self.log.dir) if where == "latest" else Path(where)
         if path is None:
             return False
-        self.state, optim = load_checkpoint(path, self.model)
-        if optim is not None and self.state.optimizer == "rl":
-            self.trainer.optimizer.load_state_dict(optim)
-        self.sft_optimizer_state = optim if self.state.optimizer == "sft" else None
+        self.state, restore = load_checkpoint(path, self.model)
+        if restore is not None and self.state.optimizer == "rl":
+            restore(self.trainer.optimizer)
+        self.restore_sft_optimizer = restore if self.state.optimizer == "sft" else None
+        D.barrier()  # every rank has read it before rank 0 removes newer checkpoints
         if path.resolve().parent == checkpoints.resolve():
-            self._drop_newer_than(path)
+            if self.dist.is_main:
+                self._drop_newer_than(path)
             self.log.trim(self.state.log_sizes)  # what came after the checkpoint is redone, not repeated
         else:
             self.log.reset()  # resuming another run's checkpoint into a fresh directory
@@ -212,3 +321,5 @@ class Run:
     def close(self) -> None:
         self.log.close()
         self._close_engine()
+        if self.dist.sharded:
+            D.close_distributed()

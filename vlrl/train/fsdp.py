@@ -1,0 +1,104 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``) for a Qwen-VL policy, and its full state for the engine.
+
+**Groups.** Every decoder layer and every vision block is its own FSDP group (one all-gather before its
+forward, one reduce-scatter after its backward, freed in between); the rest — token embedding, LM head,
+final norm, patch embedding, projector — is the root group, on ``model.model``.
+
+**Why the root is ``model.model`` with the LM head inside it.** The chunked forward (``vlrl.train.forward``)
+calls ``model.model(...)`` for hidden states and then reads ``lm_head.weight`` itself, chunk by chunk, in fp32
+(``vlrl.engines.sampling.fp32_logits``): the LM head's own forward never runs, so no FSDP hook of its own
+would ever all-gather it. In the root group it is all-gathered by ``model.model``'s forward and — FSDP2
+keeps a root's parameters unsharded after forward, since the backward needs them at once — still whole when
+the chunks read it; the gradients the chunks put on it are reduce-scattered with the root's at the end of the
+backward. A tied head (the tiny models) *is* the embedding's parameter; an untied one (the 2b model) is put
+in the group by registering the head under ``model.model`` while ``fully_shard`` runs.
+
+**Precision.** The sharded parameters stay fp32 (the optimizer's master weights); with
+``model.dtype=bfloat16`` forwards and backwards run in bf16 (``MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=fp32)``: gradients are reduced in fp32), and the engine is sent the weights cast to bf16 — the
+values the trainer's bf16 forward computes with. fp32 runs (the CPU / gloo tests) cast nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+if TYPE_CHECKING:  # vlrl.train.distributed imports the run log, which imports checkpoints, which import this
+    from vlrl.train.distributed import Dist
+
+HEAD_ALIAS = "_vlrl_lm_head"
+"""Name under which the LM head sits inside ``model.model`` while the root group is formed (then removed)."""
+
+
+def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks, each sharded as its own group: decoder layers, then vision blocks."""
+    inner = model.model
+    found = list(inner.language_model.layers)
+    visual = getattr(inner, "visual", None)
+    if visual is not None:
+        found += list(visual.blocks)
+    return found
+
+
+def shard_model(model: torch.nn.Module, d: Dist, compute_dtype: torch.dtype) -> torch.nn.Module:
+    """``fully_shard`` ``model`` in place over all ranks (see the module docstring); returns it.
+
+    The model must be fp32 (the master weights) and on ``d.device``; ``compute_dtype`` is what forwards run in.
+    """
+    mesh = init_device_mesh("cuda" if d.device.startswith("cuda") else "cpu", (d.world,))
+    mp = MixedPrecisionPolicy(param_dtype=None if compute_dtype == torch.float32 else compute_dtype,
+                              reduce_dtype=torch.float32)
+    for block in blocks(model):
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    inner = model.model
+    inner.add_module(HEAD_ALIAS, model.lm_head)
+    try:
+        fully_shard(inner, mesh=mesh, mp_policy=mp)
+    finally:
+        del inner._modules[HEAD_ALIAS]  # the head stays model.lm_head; state-dict names unchanged
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            # The trainer divides each rank's loss by the global count: the gradients must be summed.
+            module.set_gradient_divide_factor(1.0)
+            if hasattr(module, "set_force_sum_reduction_for_comms"):
+                module.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM
+            if hasattr(module, "set_reduce_scatter_unused_params"):  # torch >= 2.12
+                # A parameter without a gradient on one rank (an untied head in a micro-batch whose tokens it
+                # never scored) still takes part in the reduce-scatter, with zeros.
+                module.set_reduce_scatter_unused_params(True, recurse=False)
+    return model
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def reshard(model: torch.nn.Module) -> None:
+    """Back to sharded parameters: after a forward without backward the root group stays unsharded (its
+    whole, possibly bf16, parameters registered on the modules), which a state dict must not read."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def full_weights(model: torch.nn.Module, d: Dist) -> dict[str, torch.Tensor] | None:
+    """``{name: full tensor}`` of every parameter (``named_parameters`` names), on rank 0; None elsewhere.
+
+    Collective under FSDP (every rank must call it): ``get_model_state_dict`` all-gathers each parameter;
+    with more than one rank the full tensors go to rank 0's CPU only, so no GPU ever holds two whole models.
+    A plain model gives its own parameters (no copy).
+    """
+    names = [n for n, _ in model.named_parameters()]  # a tied weight once, as the engine's update expects
+    if not is_sharded(model):
+        params = dict(model.named_parameters())
+        return {n: params[n].detach() for n in names}
+    reshard(model)
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=d.world > 1))
+    if not d.is_main:
+        return None
+    return {n: state[n] for n in names}
