@@ -15,6 +15,7 @@ from fsdp_helpers import checkpoint_weights, max_abs_diff, phase, run_plain, run
 from vlrl.checks.training import RunRecord, agreement_held
 from vlrl.models.build import cached_model_dir
 from vlrl.models.load import load_model
+from vlrl.train.config import LORA_TARGETS
 
 pytestmark = pytest.mark.train
 
@@ -71,3 +72,22 @@ def test_a_one_process_checkpoint_resumes_in_two_processes(one, tmp_path):
     diff, name = max_abs_diff(checkpoint_weights(one / "checkpoints" / "step_000002"),
                               checkpoint_weights(resumed / "checkpoints" / "step_000002"))
     assert diff <= TOL, f"{name} differs by {diff:.2e}"
+
+
+def test_lora_and_fsdp_compose(tmp_path):
+    """LoRA adapters on a sharded policy: the same steps as one process, and only the adapters in the DCP files."""
+    lora = ("model.lora.rank=4", "model.lora.alpha=16", "run.steps=1", "sft.lr=3e-3")
+    one = run_plain(tmp_path / "one", *lora)
+    two = run_torchrun(2, tmp_path / "two", *lora)
+    assert_same_steps(phase(one, "sft"), phase(two, "sft"))
+    assert_same_steps(phase(one, "rl"), phase(two, "rl"), keys=("loss", "grad_norm", "entropy"))
+    agreement_held(RunRecord.load(two), steps=1)  # the engine on rank 0 got the merged, gathered weights
+    spec = {"rank": 4, "alpha": 16, "targets": LORA_TARGETS}
+    a = checkpoint_weights(one / "checkpoints" / "step_000001", spec)
+    b = checkpoint_weights(two / "checkpoints" / "step_000001", spec)
+    diff, name = max_abs_diff(a, b)
+    assert diff <= TOL, f"{name} differs by {diff:.2e}"
+    from torch.distributed.checkpoint import FileSystemReader
+
+    saved = FileSystemReader(str(two / "checkpoints" / "step_000001" / "dcp" / "model")).read_metadata()
+    assert saved.state_dict_metadata and all(".lora_" in key for key in saved.state_dict_metadata)

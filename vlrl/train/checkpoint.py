@@ -28,8 +28,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass, field, fields
+import warnings
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -88,11 +89,11 @@ def save_checkpoint(path: Path, model, optimizer, state: RunState) -> Path:
     _barrier()
     if is_sharded(model):
         reshard(model)
-        dcp.save({"model": get_model_state_dict(model, options=_options(model))}, checkpoint_id=tmp / DCP_DIR / "model")
+        dcp.save({"model": _model_state(model)}, checkpoint_id=tmp / DCP_DIR / "model")
         if optimizer is not None and optimizer.state:
             dcp.save({"optim": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=tmp / DCP_DIR / "optim")
     elif main:
-        _save(get_model_state_dict(model, options=_options(model)), tmp / "model.pt")
+        _save(_model_state(model), tmp / "model.pt")
         if optimizer is not None and optimizer.state:  # an optimizer that never stepped has nothing to restore
             _save(get_optimizer_state_dict(model, optimizer), tmp / "optimizer.pt")
     _barrier()
@@ -135,26 +136,41 @@ def load_checkpoint(path: Path, model) -> tuple[RunState, RestoreOptimizer | Non
 
 
 def _options(model, **kwargs) -> StateDictOptions:
-    """Frozen parameters (a LoRA model's base) are never saved; they come from the model directory."""
     frozen = any(not p.requires_grad for p in model.parameters())
     return StateDictOptions(ignore_frozen_params=True, strict=not frozen, **kwargs)
+
+
+def _model_state(model) -> dict[str, Any]:
+    """The model's state dict without frozen parameters (a LoRA model's base: the model directory has them).
+    Filtered by name too: ``ignore_frozen_params`` keeps a tied weight's second name (``lm_head.weight``)."""
+    state = get_model_state_dict(model, options=_options(model))
+    if any(not p.requires_grad for p in model.parameters()):
+        trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+        state = {k: v for k, v in state.items() if k in trainable}
+    return state
 
 
 def _load_dcp(root: Path, model) -> RestoreOptimizer | None:
     if is_sharded(model):
         reshard(model)
-    state = {"model": get_model_state_dict(model, options=_options(model))}
-    dcp.load(state, checkpoint_id=root / "model", no_dist=not dist.is_initialized())
+    state = {"model": _model_state(model)}
+    _dcp_load(state, root / "model")
     set_model_state_dict(model, state["model"], options=_options(model))
     if not (root / "optim").is_dir():
         return None
 
     def restore(optimizer: torch.optim.Optimizer) -> None:
         saved = {"optim": get_optimizer_state_dict(model, optimizer)}
-        dcp.load(saved, checkpoint_id=root / "optim", no_dist=not dist.is_initialized())
+        _dcp_load(saved, root / "optim")
         set_optimizer_state_dict(model, optimizer, saved["optim"])
 
     return restore
+
+
+def _dcp_load(state: dict, where: Path) -> None:
+    with warnings.catch_warnings():  # a plain process loading a distributed checkpoint: meant, not a mistake
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=where, no_dist=not dist.is_initialized())
 
 
 def _load_plain(path: Path, model) -> RestoreOptimizer | None:
