@@ -51,14 +51,17 @@ def shard_model(model: torch.nn.Module, d: Dist, compute_dtype: torch.dtype) -> 
     The model must be fp32 (the master weights) and on ``d.device``; ``compute_dtype`` is what forwards run in.
     """
     mesh = init_device_mesh("cuda" if d.device.startswith("cuda") else "cpu", (d.world,))
-    mp = MixedPrecisionPolicy(param_dtype=None if compute_dtype == torch.float32 else compute_dtype,
-                              reduce_dtype=torch.float32)
+    param_dtype = None if compute_dtype == torch.float32 else compute_dtype
+    # Only the root casts its inputs (the fp32 pixels, as a plain bf16 model's forward does): a block's inputs
+    # are what the model hands it, as in a plain bf16 model — the vision blocks' RoPE cos/sin stay fp32.
+    root_mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    block_mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
     for block in blocks(model):
-        fully_shard(block, mesh=mesh, mp_policy=mp)
+        fully_shard(block, mesh=mesh, mp_policy=block_mp)
     inner = model.model
     inner.add_module(HEAD_ALIAS, model.lm_head)
     try:
-        fully_shard(inner, mesh=mesh, mp_policy=mp)
+        fully_shard(inner, mesh=mesh, mp_policy=root_mp)
     finally:
         del inner._modules[HEAD_ALIAS]  # the head stays model.lm_head; state-dict names unchanged
     for module in model.modules():

@@ -1,0 +1,180 @@
+"""FSDP2 training throughput and peak memory per rank, for N ranks in one call; writes one JSON.
+
+    python benchmarks/fsdp_throughput.py --nproc 1 --size 2b --device cuda --dtype bfloat16 --plain \
+        --out benchmarks/results/fsdp_h100/n1.json        # one H100: FSDP2 on 1 rank vs the plain trainer
+    NCCL_NVLS_ENABLE=0 python benchmarks/fsdp_throughput.py --nproc 2 --size 2b --device cuda --dtype bfloat16 \
+        --out benchmarks/results/fsdp_h200x2/n2.json
+    python benchmarks/fsdp_throughput.py --nproc 2 --size tiny --device cpu --steps 2   # CPU / gloo smoke run
+
+The batch is real: maze2d/5x5 episodes of the BFS expert (``--turns`` turns, an image every turn), rendered
+by vlrl's renderer, ``--rows`` of them per rank (weak scaling: N ranks train N times the rows), the same
+trajectories in every run. One step is what a training step costs the trainer: the logprob forward of the
+rank's rows (no grad), then one update over them (forward, backward, optimizer step: ``Trainer.sft_step``,
+the RL update's cost without its loss terms), then the weight sync's gather of the full state to rank 0
+(``Run.engine_weights``: what the engine is sent). Timed after ``--warmup`` steps; ``tokens_per_s`` counts
+every token of every rank's rows (prompt and reply). Peak memory is ``torch.cuda.max_memory_allocated`` per
+rank over the timed steps. ``--plain`` also runs the plain one-process trainer (no FSDP, weights in
+``--dtype``) on one rank's rows, and reports FSDP's time over plain's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--nproc", type=int, default=1)
+    p.add_argument("--arch", default="qwen2_5_vl")
+    p.add_argument("--size", default="2b")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    p.add_argument("--rows", type=int, default=8, help="trajectories per rank")
+    p.add_argument("--turns", type=int, default=8, help="maze turns per trajectory (an image each)")
+    p.add_argument("--micro-batch", type=int, default=4)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--plain", action="store_true", help="also time the plain one-process trainer")
+    p.add_argument("--out", default=None)
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # a rank's JSON path (internal)
+    p.add_argument("--mode", default="fsdp", choices=("fsdp", "plain"), help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+def trajectories(args, model_dir: Path, n: int) -> list:
+    """``n`` maze episodes of the BFS expert, the same on every rank and in every run."""
+    from vlrl.data.tickets import make_rows, train_seeds
+    from vlrl.engines.types import SamplingParams
+    from vlrl.models.load import load_processor
+    from vlrl.render.embedded import EmbeddedRenderer
+    from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
+    from vlrl.train.experts import expert_for
+
+    renderer = EmbeddedRenderer.from_pretrained(model_dir)
+    config = RolloutConfig(sampling=SamplingParams(max_tokens=16), repeats=1, max_turns=args.turns, seed=0,
+                           progress=False, max_context=8192)
+    rows = make_rows("maze2d/5x5", train_seeds(n, 0), {})
+    gen = RolloutGenerator(renderer, None, config, tokenizer=load_processor(model_dir).tokenizer)
+    return gen.run(rows, script=expert_for("maze2d"))
+
+
+def worker(args) -> None:
+    """One rank (or the plain process): build, shard, time, write this rank's JSON to ``args.worker``."""
+    from vlrl.algos.config import AlgoConfig
+    from vlrl.models.build import cached_model_dir
+    from vlrl.models.load import load_model
+    from vlrl.train import distributed as D
+    from vlrl.train.batch import CollateSpec, collate
+    from vlrl.train.config import OptimSection
+    from vlrl.train.fsdp import full_weights, shard_model
+    from vlrl.train.trainer import Trainer
+
+    d = D.init_distributed(args.device) if args.mode == "fsdp" else D.Dist.single(args.device)
+    dtype = getattr(torch, args.dtype)
+    model_dir = cached_model_dir(args.arch, args.size)
+    model = load_model(model_dir, dtype=torch.float32 if d.sharded else dtype, device=d.device)
+    if d.sharded:
+        shard_model(model, d, dtype)
+        D.use_global_counts()
+    model.train()
+    trainer = Trainer(model, AlgoConfig(), OptimSection(micro_batch_size=args.micro_batch), lr=1e-5)
+    trajs = trajectories(args, model_dir, args.rows * d.world)
+    batch = collate(trajs, CollateSpec.from_model(model))
+    local = D.local_batch(batch, D.share_of(batch.size, d.rank, d.world))
+    times: dict[str, list[float]] = {"logprobs_s": [], "update_s": [], "sync_gather_s": [], "step_s": []}
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup and d.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        t = [_now(d)]
+        trainer.logprobs(local)
+        t.append(_now(d))
+        trainer.sft_step(local)
+        t.append(_now(d))
+        full_weights(model, d)
+        t.append(_now(d))
+        if step >= args.warmup:
+            for key, (a, b) in zip(("logprobs_s", "update_s", "sync_gather_s"), zip(t, t[1:])):
+                times[key].append(b - a)
+            times["step_s"].append(t[-1] - t[0])
+    peak = torch.cuda.max_memory_allocated() / 2**30 if d.device.startswith("cuda") else None
+    tokens = int(batch.seq_lens.sum())  # every rank's rows: the global batch
+    result = {"rank": d.rank, "mode": args.mode, "world": d.world, "peak_mem_gib": peak, "tokens_per_step": tokens,
+              "rows_per_step": batch.size, **{k: v for k, v in times.items()},
+              **{f"{k}_median": statistics.median(v) for k, v in times.items()}}
+    Path(args.worker).write_text(json.dumps(result))
+    if d.sharded:
+        D.close_distributed()
+
+
+def _now(d) -> float:
+    """A timestamp after the device's queued work, on every rank at once."""
+    from vlrl.train.distributed import barrier
+
+    if d.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    barrier()
+    return time.perf_counter()
+
+
+def launch(args, mode: str, nproc: int, tmp: Path) -> list[dict]:
+    """Run the workers (torchrun for FSDP, one plain process otherwise) and read their JSON, by rank."""
+    script = str(Path(__file__).resolve())
+    common = [f"--arch={args.arch}", f"--size={args.size}", f"--device={args.device}", f"--dtype={args.dtype}",
+              f"--rows={args.rows}", f"--turns={args.turns}", f"--micro-batch={args.micro_batch}",
+              f"--steps={args.steps}", f"--warmup={args.warmup}", f"--mode={mode}"]
+    if mode == "fsdp":
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", script,
+                *common, f"--worker={tmp}/{mode}_rank%d.json"]
+    else:
+        argv = [sys.executable, script, *common, f"--worker={tmp}/{mode}_rank%d.json"]
+    subprocess.run(argv, check=True)
+    return [json.loads(p.read_text()) for p in sorted(tmp.glob(f"{mode}_rank*.json"))]
+
+
+def summary(ranks: list[dict]) -> dict:
+    step = max(r["step_s_median"] for r in ranks)  # the slowest rank sets the pace
+    tokens = ranks[0]["tokens_per_step"]
+    return {"world": ranks[0]["world"], "rows_per_step": ranks[0]["rows_per_step"], "tokens_per_step": tokens,
+            "step_s_median": step, "tokens_per_s": tokens / step,
+            "logprobs_s_median": max(r["logprobs_s_median"] for r in ranks),
+            "update_s_median": max(r["update_s_median"] for r in ranks),
+            "sync_gather_s_median": max(r["sync_gather_s_median"] for r in ranks),
+            "peak_mem_gib_per_rank": [r["peak_mem_gib"] for r in ranks], "ranks": ranks}
+
+
+def main() -> None:
+    args = parse()
+    if args.worker is not None:
+        args.worker = args.worker.replace("%d", os.environ.get("RANK", "0"))
+        worker(args)
+        return
+    result = {"benchmark": "fsdp_throughput", "arch": args.arch, "size": args.size, "dtype": args.dtype,
+              "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor(),
+              "torch": torch.__version__, "rows_per_rank": args.rows, "turns": args.turns,
+              "micro_batch": args.micro_batch, "steps": args.steps, "warmup": args.warmup}
+    with tempfile.TemporaryDirectory() as tmp:
+        result["fsdp"] = summary(launch(args, "fsdp", args.nproc, Path(tmp)))
+        if args.plain:
+            result["plain"] = summary(launch(args, "plain", 1, Path(tmp)))
+            result["fsdp_over_plain_step_time"] = (result["fsdp"]["step_s_median"] /
+                                                   result["plain"]["step_s_median"]) if args.nproc == 1 else None
+    text = json.dumps(result, indent=2)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

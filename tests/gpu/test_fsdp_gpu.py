@@ -1,0 +1,92 @@
+"""FSDP2 on one GPU through NCCL (``torchrun --nproc-per-node 1``): the 2b model trains the same steps as the
+plain trainer, within the bf16 bound.
+
+The two runs differ only in where the weights live: the plain trainer keeps bf16 weights and updates them in
+bf16; FSDP2 keeps fp32 master weights, computes in bf16 (``MixedPrecisionPolicy``) and reduces gradients in
+fp32. The first step sees identical bf16 weights on both sides; after the updates the two policies must still
+give the same logprobs within the bf16 agreement bounds (``vlrl.checks.bounds``). Both runs check rollout vs
+trainer agreement at every RL step (``run.agreement=stop``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+STEPS = ("model.size=2b", "model.device=cuda", "model.dtype=bfloat16", "sft.steps=2", "sft.rows_per_step=8",
+         "sft.lr=1e-4", "run.steps=1", "rollout.rows_per_step=4", "rollout.repeats=2", "data.eval_rows=4",
+         "data.train_rows=16", "run.eval_every=0", "run.samples=0", "run.progress=False", "optim.lr=1e-5")
+
+
+def _train(out: Path, *launcher: str) -> Path:
+    argv = [sys.executable, *launcher, "-m", "vlrl", "train", "color_square", *STEPS, f"run.out={out}"]
+    done = subprocess.run(argv, env={**os.environ, "VLRL_DEBUG": "1"}, capture_output=True, text=True, timeout=900,
+                          check=False)
+    assert done.returncode == 0, f"{' '.join(argv[:6])} exited {done.returncode}:\n{done.stderr[-6000:]}"
+    return out
+
+
+def _expert_batch(model_dir: Path):
+    """Expert color_square episodes (scripted: no engine involved), collated."""
+    from vlrl.data.tickets import eval_seeds, make_rows
+    from vlrl.engines.types import SamplingParams
+    from vlrl.models.load import load_processor
+    from vlrl.render.embedded import EmbeddedRenderer
+    from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
+    from vlrl.train.experts import expert_for
+
+    config = RolloutConfig(sampling=SamplingParams(max_tokens=4), repeats=1, progress=False, max_context=4096)
+    gen = RolloutGenerator(EmbeddedRenderer.from_pretrained(model_dir), None, config,
+                           tokenizer=load_processor(model_dir).tokenizer)
+    return gen.run(make_rows("color_square", eval_seeds(16), {"square_sizes": [40, 56]}), script=expert_for("color_square"))
+
+
+def _policy(model_dir: Path, checkpoint: Path, master_fp32: bool):
+    import torch
+
+    from vlrl.models.load import load_model
+    from vlrl.train.checkpoint import load_checkpoint
+
+    model = load_model(model_dir, dtype=torch.float32 if master_fp32 else torch.bfloat16, device="cuda")
+    load_checkpoint(checkpoint, model)
+    return model.to(torch.bfloat16).eval()
+
+
+def test_fsdp_on_one_gpu_takes_the_plain_trainers_steps(vlrl_model_dir, tmp_path):
+    import torch
+    from transformers import AutoConfig
+
+    from vlrl.checks.bounds import bounds_for
+    from vlrl.checks.training import RunRecord, agreement_held
+    from vlrl.train.batch import CollateSpec, collate
+    from vlrl.train.forward import policy_forward
+
+    model_dir = vlrl_model_dir("qwen2_5_vl", "2b")
+    plain = _train(tmp_path / "plain")
+    fsdp = _train(tmp_path / "fsdp", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1")
+    bound = bounds_for("bfloat16").agreement
+    a, b = RunRecord.load(plain), RunRecord.load(fsdp)
+    agreement_held(a, steps=1)
+    agreement_held(b, steps=1)
+    first_a, first_b = a.phase("sft")[0], b.phase("sft")[0]  # same weights, same batch: one bf16 forward apart
+    assert abs(first_a["loss"] - first_b["loss"]) <= bound.mean_abs, (first_a["loss"], first_b["loss"])
+    assert abs(first_a["grad_norm"] - first_b["grad_norm"]) <= 0.05 * first_a["grad_norm"]
+    assert (fsdp / "checkpoints" / "step_000001" / "dcp").is_dir()
+
+    config = SimpleNamespace(config=AutoConfig.from_pretrained(model_dir))  # what CollateSpec reads
+    batch = collate(_expert_batch(model_dir), CollateSpec.from_model(config))
+    with torch.no_grad():
+        lp = [policy_forward(_policy(model_dir, run / "checkpoints" / "step_000001", master), batch).logprobs.cpu()
+              for run, master in ((plain, False), (fsdp, True))]
+    mask = batch.loss_mask.bool()
+    delta = (lp[0] - lp[1])[mask].abs()
+    print(f"plain vs FSDP2 after 2 SFT + 1 RL steps: mean |Δ| {float(delta.mean()):.4f}, max {float(delta.max()):.4f}; "
+          f"run seconds plain {a.summary['seconds']}, fsdp {b.summary['seconds']}")
+    assert float(delta.mean()) <= bound.mean_abs and float(delta.max()) <= bound.max_abs
