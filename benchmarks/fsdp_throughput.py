@@ -20,6 +20,7 @@ rank over the timed steps. ``--plain`` also runs the plain one-process trainer (
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -104,7 +105,7 @@ def worker(args) -> None:
         full_weights(model, d)
         t.append(_now(d))
         if step >= args.warmup:
-            for key, (a, b) in zip(("logprobs_s", "update_s", "sync_gather_s"), zip(t, t[1:])):
+            for key, (a, b) in zip(("logprobs_s", "update_s", "sync_gather_s"), itertools.pairwise(t)):
                 times[key].append(b - a)
             times["step_s"].append(t[-1] - t[0])
     peak = torch.cuda.max_memory_allocated() / 2**30 if d.device.startswith("cuda") else None

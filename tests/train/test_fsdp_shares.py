@@ -17,7 +17,7 @@ from vlrl.train.forward import ForwardOutput
 def test_shares_are_contiguous_balanced_and_equal_in_size(n, world):
     shares = [D.share_of(n, r, world) for r in range(world)]
     own = [list(s.rows[:s.n_real]) for s in shares]
-    assert sum(own, []) == list(range(n))  # every row once, in rank order
+    assert [r for rows in own for r in rows] == list(range(n))  # every row once, in rank order
     assert {s.size for s in shares} == {-(-n // world)}  # FSDP: the same number of forwards on every rank
     assert max(s.n_real for s in shares) - min(s.n_real for s in shares) <= 1
     assert all(s.start == (o[0] if o else s.start) for s, o in zip(shares, own))

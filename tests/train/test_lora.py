@@ -95,3 +95,19 @@ def test_a_lora_checkpoint_holds_the_adapters_alone(model, tmp_path):
     again = torch.optim.AdamW([p for p in fresh.parameters() if p.requires_grad], lr=1e-2)
     restore(again)
     assert again.state_dict()["state"][0]["step"] == optimizer.state_dict()["state"][0]["step"] == 1
+
+
+def test_the_lora_config_is_typed_and_checked():
+    from vlrl.errors import ConfigError
+    from vlrl.train.config import config_help, load_config
+
+    cfg = load_config("color_square", ["model.lora.rank=4", "model.lora.targets=['q_proj', 'v_proj']"])
+    assert (cfg.model.lora.rank, cfg.model.lora.alpha, cfg.model.lora.targets) == (4, 16.0, ("q_proj", "v_proj"))
+    assert load_config("color_square").model.lora is None  # full fine-tuning unless asked
+    assert "lora = { rank = 4," in cfg.to_toml()  # a run's config.toml loads back the same
+    for bad, key in [("model.lora.rank=0", "model.lora.rank"), ("model.lora.vision=open", "model.lora.vision"),
+                     ("model.lora.alpha=-1", "model.lora.alpha"), ("model.lora.ranks=4", "ranks"),
+                     ("model.lora.targets=[]", "model.lora.targets")]:
+        with pytest.raises(ConfigError, match=key):
+            load_config("color_square", [bad])
+    assert "model.lora.vision = 'frozen'" in config_help()

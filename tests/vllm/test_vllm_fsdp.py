@@ -14,6 +14,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.train]
 ARCH = "qwen2_5_vl"  # the recipe's model
 
 
+def _jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def test_two_ranks_train_on_vllm_rollouts(vllm_stack, tiny, monkeypatch, tmp_path):
     stack = vllm_stack(ARCH)
     out = tmp_path / "run"
@@ -28,9 +32,8 @@ def test_two_ranks_train_on_vllm_rollouts(vllm_stack, tiny, monkeypatch, tmp_pat
     finally:  # the run synced its weights into the session's server: back to the checkpoint
         stack.engine.reload_checkpoint()
     assert done.returncode == 0, done.stderr[-6000:]
-    read = lambda name: [json.loads(line) for line in (out / name).read_text().splitlines() if line.strip()]  # noqa: E731
-    agreement = read("agreement.jsonl")
+    agreement = _jsonl(out / "agreement.jsonl")
     assert [a["step"] for a in agreement] == [1, 2] and all(a["max_abs"] <= 1e-4 for a in agreement), agreement
-    syncs = read("weight_sync.jsonl")
+    syncs = _jsonl(out / "weight_sync.jsonl")
     assert [s["version"] for s in syncs] == [1, 2, 3] and all(s["probe_max_abs"] <= 1e-4 for s in syncs), syncs
     assert (out / "checkpoints" / "step_000002" / "dcp").is_dir()

@@ -37,8 +37,13 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from vlrl.train.fsdp import is_sharded, reshard
 
@@ -66,7 +71,7 @@ class RunState:
     """Bytes of each run log (``metrics.jsonl``, …) when the checkpoint was saved."""
 
     @classmethod
-    def from_json(cls, text: str) -> "RunState":
+    def from_json(cls, text: str) -> RunState:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in json.loads(text).items() if k in known})
 

@@ -7,12 +7,10 @@ with the field's type. ``vlrl train --help-config`` prints every key with its he
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import math
 import re
 import tomllib
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any, Literal
 
 from vlrl.algos.config import AlgoConfig, attribute_docs
 from vlrl.errors import ConfigError, MissingRecipeError
+from vlrl.train.config_values import build_table, parse_value, set_nested, table_type, toml_value
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
@@ -253,20 +252,8 @@ class TrainConfig:
             lines.append(f"\n[{section}]")
             for key, value in dataclasses.asdict(getattr(self, section)).items():
                 if value is not None:
-                    lines.append(f"{key} = {_toml_value(value)}")
+                    lines.append(f"{key} = {toml_value(value)}")
         return "\n".join(lines) + "\n"
-
-
-def _toml_value(value: Any) -> str:
-    import json
-
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return json.dumps(value)
 
 
 def load_config(recipe: str | Path, overrides: list[str] = ()) -> TrainConfig:
@@ -289,18 +276,8 @@ def load_config(recipe: str | Path, overrides: list[str] = ()) -> TrainConfig:
         if section == "name":
             raw["name"] = value
         else:
-            _set_nested(raw.setdefault(section, {}), name, _parse(value), item)
+            set_nested(raw.setdefault(section, {}), name, parse_value(value), item)
     return build_config(raw, default_name=path.stem)
-
-
-def _set_nested(table: dict, key: str, value: Any, item: str) -> None:
-    """``key`` = ``lora.rank`` sets ``table["lora"]["rank"]`` (a table inside a section)."""
-    *parents, last = key.split(".")
-    for part in parents:
-        table = table.setdefault(part, {})
-        if not isinstance(table, dict):
-            raise ConfigError(f"override {item!r}: {part} is not a table")
-    table[last] = value
 
 
 def build_config(raw: dict, default_name: str = "run") -> TrainConfig:
@@ -308,7 +285,7 @@ def build_config(raw: dict, default_name: str = "run") -> TrainConfig:
     for section, cls in SECTIONS.items():
         if not isinstance(raw.get(section, {}), dict):
             raise ConfigError(f"[{section}] must be a table of keys, got {raw[section]!r}")
-        parts[section] = _build_table(cls, dict(raw.get(section, {})), section)
+        parts[section] = build_table(cls, dict(raw.get(section, {})), section)
 
     unknown = set(raw) - set(SECTIONS) - {"name"}
     if unknown:
@@ -316,59 +293,6 @@ def build_config(raw: dict, default_name: str = "run") -> TrainConfig:
     config = TrainConfig(name=str(raw.get("name", default_name)), **parts)
     _check_names(config)
     return config
-
-
-def _build_table(cls, values: dict, where: str):
-    """One section (or a table inside one, such as ``model.lora``) from its keys, each coerced to its type."""
-    hints = typing.get_type_hints(cls)
-    unknown = set(values) - set(hints)
-    if unknown:
-        raise ConfigError(f"[{where}] has unknown key(s) {sorted(unknown)}; known: {sorted(hints)}")
-    try:
-        return cls(**{k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()})
-    except ConfigError:
-        raise
-    except (KeyError, TypeError, ValueError) as exc:  # e.g. an unknown algorithm name: one error type
-        raise ConfigError(f"[{where}] {exc.args[0] if exc.args else exc}") from None
-
-
-def _parse(text: str) -> Any:
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text  # a bare string such as rollout.engine=vllm
-
-
-def _coerce(value: Any, hint: Any, where: str) -> Any:
-    """``value`` as the field's type, or ValueError naming the key, the value and what was expected."""
-    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    if value is None and type(None) in options:
-        return None
-    for t in options:
-        if typing.get_origin(t) is Literal:
-            if isinstance(value, str) and value in typing.get_args(t):
-                return value
-            continue
-        if dataclasses.is_dataclass(t) and isinstance(value, dict):
-            return _build_table(t, value, where)
-        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if t is tuple and isinstance(value, (list, tuple)):
-            return tuple(value)
-        if t is tuple and isinstance(value, str):
-            return (value,)
-        if isinstance(t, type) and isinstance(value, t) and not (t is int and isinstance(value, bool)):
-            return value
-    raise ConfigError(f"{where} = {value!r}: expected {_describe(hint)}")
-
-
-def _describe(hint: Any) -> str:
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) is Literal:
-        return "one of " + ", ".join(repr(a) for a in args)
-    if args:
-        return " or ".join(_describe(a) for a in args)
-    return "None" if hint is type(None) else getattr(hint, "__name__", str(hint))
 
 
 def _check_names(config: TrainConfig) -> None:
@@ -405,14 +329,9 @@ def config_help() -> str:
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             lines.append(f"  {section}.{f.name} = {default!r}\n      {docs.get(f.name, '')}")
-            table = _table_type(typing.get_type_hints(cls)[f.name])
+            table = table_type(typing.get_type_hints(cls)[f.name])
             if table is not None:  # a table inside the section (model.lora): its keys too
                 sub = attribute_docs(table)
                 for g in dataclasses.fields(table):
                     lines.append(f"  {section}.{f.name}.{g.name} = {g.default!r}\n      {sub.get(g.name, '')}")
     return "\n".join(lines)
-
-
-def _table_type(hint: Any) -> type | None:
-    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    return next((t for t in options if dataclasses.is_dataclass(t)), None)

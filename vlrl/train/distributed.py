@@ -66,7 +66,7 @@ class Dist:
         return self.rank == 0
 
     @classmethod
-    def single(cls, device: str = "cpu") -> "Dist":
+    def single(cls, device: str = "cpu") -> Dist:
         return cls(device=device)
 
 
@@ -147,7 +147,7 @@ def global_agg_counts(masks) -> AggCounts:
 def use_global_counts() -> None:
     """Point the trainer's ``agg_counts`` at :func:`global_agg_counts` (bridge until ``vlrl/train/trainer.py``
     calls it itself; a no-op then). Harmless in one process, where both count the same."""
-    import vlrl.train.trainer as trainer
+    from vlrl.train import trainer
 
     if getattr(trainer, "agg_counts", None) is agg_counts:
         trainer.agg_counts = global_agg_counts

@@ -37,8 +37,14 @@ from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
 from vlrl.rollout.io import write_jsonl
 from vlrl.train import distributed as D
 from vlrl.train.batch import CollateSpec, collate
-from vlrl.train.checkpoint import (RunState, checkpoint_name, latest_checkpoint, load_checkpoint, remove_partial,
-                                   save_checkpoint)
+from vlrl.train.checkpoint import (
+    RunState,
+    checkpoint_name,
+    latest_checkpoint,
+    load_checkpoint,
+    remove_partial,
+    save_checkpoint,
+)
 from vlrl.train.config import TrainConfig
 from vlrl.train.fsdp import full_weights, shard_model
 from vlrl.train.metrics import RunLog
