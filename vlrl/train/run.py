@@ -81,12 +81,11 @@ class Run:
         self.spec = CollateSpec.from_model(model)
         self.renderer, self.engine, self._close_engine = self._inference_stack(model) if self.dist.is_main \
             else (None, None, lambda: None)
-        ref = self._reference(model)
+        ref, self._mirror = self._reference(model), self._probe_model(model)  # copies of the base model
         if m.lora is not None:
             apply_lora(model, rank=m.lora.rank, alpha=m.lora.alpha, targets=m.lora.targets, vision=m.lora.vision,
                        seed=m.seed)
         self._lora = lora_layers(model) if m.lora is not None else {}
-        self._mirror = self._probe_model(model)
         if self.dist.sharded:
             shard_model(model, self.dist, self.dtype)
             if ref is not None:
