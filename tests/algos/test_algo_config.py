@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
-from vlrl.algos import AlgoConfig, UnknownNameError
+from vlrl.algos import AlgoConfig
 from vlrl.algos.config import attribute_docs
+from vlrl.registry import UnknownNameError
 
 
 def test_defaults_are_valid_and_frozen():

@@ -6,9 +6,9 @@ import pytest
 
 from vlrl.algos import (
     ADVANTAGES, AGGREGATIONS, CORRECTION_LEVELS, CORRECTION_MODES, KL_ESTIMATORS, POLICY_LOSSES,
-    DuplicateNameError, Registry, UnknownNameError, get_advantage_fn, get_aggregation_fn, get_kl_fn,
-    get_policy_loss_fn, register_advantage,
+    get_advantage_fn, get_aggregation_fn, get_kl_fn, get_policy_loss_fn, register_advantage,
 )
+from vlrl.registry import DuplicateNameError, Registry, UnknownNameError
 
 
 def test_duplicate_name_raises_and_keeps_the_first():

@@ -1,8 +1,8 @@
 """vlrl.algos: the RL algorithm library, as registered pure functions over torch tensors.
 
-Imports torch and the standard library only. Modules:
+Imports torch, the standard library and ``vlrl.registry`` (the one ``Registry``: duplicate names raise,
+unknown names list valid ones) only. Modules:
 
-- ``registry``: the one ``Registry`` (named dict; duplicate names raise, unknown names list valid ones)
 - ``advantages``: grpo, rloo, reinforce_pp — rewards ``[B]``/``[B, T]`` → advantages ``[B, T]``
 - ``policy_losses``: ppo_clip (+ dual clip), gspo, cispo — per-token losses ``[B, T]`` + metrics
 - ``aggregation``: token_mean, seq_mean_token_mean, seq_mean_token_sum_norm — ``[B, T]`` → scalar
@@ -31,7 +31,6 @@ from vlrl.algos.config import AlgoConfig
 from vlrl.algos.correction import CORRECTION_LEVELS, CORRECTION_MODES, rollout_correction
 from vlrl.algos.kl import KL_ESTIMATORS, get_kl_fn, kl_loss, kl_penalized_rewards, register_kl
 from vlrl.algos.policy_losses import POLICY_LOSSES, get_policy_loss_fn, register_policy_loss
-from vlrl.algos.registry import DuplicateNameError, Registry, UnknownNameError
 
 __all__ = [
     "ADVANTAGES",
@@ -41,9 +40,6 @@ __all__ = [
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
     "AlgoConfig",
-    "DuplicateNameError",
-    "Registry",
-    "UnknownNameError",
     "agg_counts",
     "get_advantage_fn",
     "get_aggregation_fn",

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from vlrl.algos.masked import masked_mean, masked_std
-from vlrl.algos.registry import Registry
+from vlrl.registry import Registry
 
 if TYPE_CHECKING:
     from vlrl.algos.config import AlgoConfig

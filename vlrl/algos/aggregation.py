@@ -28,7 +28,7 @@ from typing import Iterable, NamedTuple, Protocol
 from torch import Tensor
 
 from vlrl.algos.masked import check_same_shape, masked_sum
-from vlrl.algos.registry import Registry
+from vlrl.registry import Registry
 
 Count = int | float | Tensor
 

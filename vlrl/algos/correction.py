@@ -30,7 +30,7 @@ from torch import Tensor
 from vlrl.algos.masked import (
     check_same_shape, masked_max, masked_mean, masked_min, masked_sum, safe_log_ratio, zero_masked,
 )
-from vlrl.algos.registry import Registry
+from vlrl.registry import Registry
 
 if TYPE_CHECKING:
     from vlrl.algos.config import AlgoConfig

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from vlrl.algos.advantages import token_rewards
 from vlrl.algos.masked import check_same_shape, safe_log_ratio, zero_masked
-from vlrl.algos.registry import Registry
+from vlrl.registry import Registry
 
 if TYPE_CHECKING:
     from vlrl.algos.config import AlgoConfig

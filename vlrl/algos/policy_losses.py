@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from vlrl.algos.masked import check_same_shape, masked_mean, safe_log_ratio, zero_masked
-from vlrl.algos.registry import Registry
+from vlrl.registry import Registry
 
 if TYPE_CHECKING:
     from vlrl.algos.config import AlgoConfig
