@@ -51,7 +51,9 @@ def sync(device: str) -> None:
 def time_engine(engine, prompts, max_tokens: int, repeats: int, device: str) -> dict:
     from vlrl.engines.types import SamplingParams
 
-    params = [SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True, seed=i) for i in range(len(prompts))]
+    params = [
+        SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True, seed=i) for i in range(len(prompts))
+    ]
     engine.generate(prompts, params)  # warm-up
     best = None
     for _ in range(repeats):
@@ -108,10 +110,19 @@ def main() -> None:
     args = ap.parse_args()
 
     renderer, engine = build(args)
-    results = {"arch": args.arch, "size": args.size, "device": args.device, "dtype": args.dtype,
-               "max_tokens": args.max_tokens, "torch": torch.__version__, "host": platform.node(),
-               "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
-               "cpu_threads": torch.get_num_threads(), "engine": {}, "hf_generate": {}}
+    results = {
+        "arch": args.arch,
+        "size": args.size,
+        "device": args.device,
+        "dtype": args.dtype,
+        "max_tokens": args.max_tokens,
+        "torch": torch.__version__,
+        "host": platform.node(),
+        "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+        "cpu_threads": torch.get_num_threads(),
+        "engine": {},
+        "hf_generate": {},
+    }
     import transformers
 
     results["transformers"] = transformers.__version__
@@ -119,8 +130,9 @@ def main() -> None:
         prompts = make_prompts(renderer, c)
         results["engine"][str(c)] = time_engine(engine, prompts, args.max_tokens, args.repeats, args.device)
         if args.baseline:
-            results["hf_generate"][str(c)] = time_hf_generate(engine, renderer, prompts, args.max_tokens,
-                                                              args.repeats, args.device)
+            results["hf_generate"][str(c)] = time_hf_generate(
+                engine, renderer, prompts, args.max_tokens, args.repeats, args.device
+            )
         print(c, results["engine"][str(c)], results["hf_generate"].get(str(c)), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")

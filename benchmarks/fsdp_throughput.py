@@ -63,8 +63,14 @@ def trajectories(args, model_dir: Path, n: int) -> list:
     from vlrl.train.experts import expert_for
 
     renderer = EmbeddedRenderer.from_pretrained(model_dir)
-    config = RolloutConfig(sampling=SamplingParams(max_tokens=16), repeats=1, max_turns=args.turns, seed=0,
-                           progress=False, max_context=8192)
+    config = RolloutConfig(
+        sampling=SamplingParams(max_tokens=16),
+        repeats=1,
+        max_turns=args.turns,
+        seed=0,
+        progress=False,
+        max_context=8192,
+    )
     rows = make_rows("maze2d/5x5", train_seeds(n, 0), {})
     gen = RolloutGenerator(renderer, None, config, tokenizer=load_processor(model_dir).tokenizer)
     return gen.run(rows, script=expert_for("maze2d"))
@@ -87,7 +93,6 @@ def worker(args) -> None:
     model = load_model(model_dir, dtype=torch.float32 if d.sharded else dtype, device=d.device)
     if d.sharded:
         shard_model(model, d, dtype)
-        D.use_global_counts()
     model.train()
     trainer = Trainer(model, AlgoConfig(), OptimSection(micro_batch_size=args.micro_batch), lr=1e-5)
     trajs = trajectories(args, model_dir, args.rows * d.world)
@@ -110,9 +115,16 @@ def worker(args) -> None:
             times["step_s"].append(t[-1] - t[0])
     peak = torch.cuda.max_memory_allocated() / 2**30 if d.device.startswith("cuda") else None
     tokens = int(batch.seq_lens.sum())  # every rank's rows: the global batch
-    result = {"rank": d.rank, "mode": args.mode, "world": d.world, "peak_mem_gib": peak, "tokens_per_step": tokens,
-              "rows_per_step": batch.size, **{k: v for k, v in times.items()},
-              **{f"{k}_median": statistics.median(v) for k, v in times.items()}}
+    result = {
+        "rank": d.rank,
+        "mode": args.mode,
+        "world": d.world,
+        "peak_mem_gib": peak,
+        "tokens_per_step": tokens,
+        "rows_per_step": batch.size,
+        **{k: v for k, v in times.items()},
+        **{f"{k}_median": statistics.median(v) for k, v in times.items()},
+    }
     Path(args.worker).write_text(json.dumps(result))
     if d.sharded:
         D.close_distributed()
@@ -131,12 +143,29 @@ def _now(d) -> float:
 def launch(args, mode: str, nproc: int, tmp: Path) -> list[dict]:
     """Run the workers (torchrun for FSDP, one plain process otherwise) and read their JSON, by rank."""
     script = str(Path(__file__).resolve())
-    common = [f"--arch={args.arch}", f"--size={args.size}", f"--device={args.device}", f"--dtype={args.dtype}",
-              f"--rows={args.rows}", f"--turns={args.turns}", f"--micro-batch={args.micro_batch}",
-              f"--steps={args.steps}", f"--warmup={args.warmup}", f"--mode={mode}"]
+    common = [
+        f"--arch={args.arch}",
+        f"--size={args.size}",
+        f"--device={args.device}",
+        f"--dtype={args.dtype}",
+        f"--rows={args.rows}",
+        f"--turns={args.turns}",
+        f"--micro-batch={args.micro_batch}",
+        f"--steps={args.steps}",
+        f"--warmup={args.warmup}",
+        f"--mode={mode}",
+    ]
     if mode == "fsdp":
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", script,
-                *common, f"--worker={tmp}/{mode}_rank%d.json"]
+        argv = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            script,
+            *common,
+            f"--worker={tmp}/{mode}_rank%d.json",
+        ]
     else:
         argv = [sys.executable, script, *common, f"--worker={tmp}/{mode}_rank%d.json"]
     subprocess.run(argv, check=True)
@@ -146,12 +175,18 @@ def launch(args, mode: str, nproc: int, tmp: Path) -> list[dict]:
 def summary(ranks: list[dict]) -> dict:
     step = max(r["step_s_median"] for r in ranks)  # the slowest rank sets the pace
     tokens = ranks[0]["tokens_per_step"]
-    return {"world": ranks[0]["world"], "rows_per_step": ranks[0]["rows_per_step"], "tokens_per_step": tokens,
-            "step_s_median": step, "tokens_per_s": tokens / step,
-            "logprobs_s_median": max(r["logprobs_s_median"] for r in ranks),
-            "update_s_median": max(r["update_s_median"] for r in ranks),
-            "sync_gather_s_median": max(r["sync_gather_s_median"] for r in ranks),
-            "peak_mem_gib_per_rank": [r["peak_mem_gib"] for r in ranks], "ranks": ranks}
+    return {
+        "world": ranks[0]["world"],
+        "rows_per_step": ranks[0]["rows_per_step"],
+        "tokens_per_step": tokens,
+        "step_s_median": step,
+        "tokens_per_s": tokens / step,
+        "logprobs_s_median": max(r["logprobs_s_median"] for r in ranks),
+        "update_s_median": max(r["update_s_median"] for r in ranks),
+        "sync_gather_s_median": max(r["sync_gather_s_median"] for r in ranks),
+        "peak_mem_gib_per_rank": [r["peak_mem_gib"] for r in ranks],
+        "ranks": ranks,
+    }
 
 
 def main() -> None:
@@ -160,16 +195,26 @@ def main() -> None:
         args.worker = args.worker.replace("%d", os.environ.get("RANK", "0"))
         worker(args)
         return
-    result = {"benchmark": "fsdp_throughput", "arch": args.arch, "size": args.size, "dtype": args.dtype,
-              "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor(),
-              "torch": torch.__version__, "rows_per_rank": args.rows, "turns": args.turns,
-              "micro_batch": args.micro_batch, "steps": args.steps, "warmup": args.warmup}
+    result = {
+        "benchmark": "fsdp_throughput",
+        "arch": args.arch,
+        "size": args.size,
+        "dtype": args.dtype,
+        "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor(),
+        "torch": torch.__version__,
+        "rows_per_rank": args.rows,
+        "turns": args.turns,
+        "micro_batch": args.micro_batch,
+        "steps": args.steps,
+        "warmup": args.warmup,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         result["fsdp"] = summary(launch(args, "fsdp", args.nproc, Path(tmp)))
         if args.plain:
             result["plain"] = summary(launch(args, "plain", 1, Path(tmp)))
-            result["fsdp_over_plain_step_time"] = (result["fsdp"]["step_s_median"] /
-                                                   result["plain"]["step_s_median"]) if args.nproc == 1 else None
+            result["fsdp_over_plain_step_time"] = (
+                (result["fsdp"]["step_s_median"] / result["plain"]["step_s_median"]) if args.nproc == 1 else None
+            )
     text = json.dumps(result, indent=2)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -22,8 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def stats(a, b, mask) -> dict:
     d = (a - b)[mask.bool()].abs()
-    return {"n": int(d.numel()), "mean_abs": float(d.mean()), "max_abs": float(d.max()),
-            "p99_abs": float(d.quantile(0.99))}
+    return {
+        "n": int(d.numel()),
+        "mean_abs": float(d.mean()),
+        "max_abs": float(d.max()),
+        "p99_abs": float(d.quantile(0.99)),
+    }
 
 
 def measure(size: str, head: str, device: str) -> dict:
@@ -52,20 +56,26 @@ def measure(size: str, head: str, device: str) -> dict:
     renderer = EmbeddedRenderer.from_pretrained(path)
     engine = EmbeddedEngine(model, load_processor(path).tokenizer)
     prompts = [renderer.render(c) for seed in range(4) for c in H.conversations(seed).values()]
-    gens = engine.generate(prompts, [SamplingParams(temperature=1.0, max_tokens=32, seed=i, ignore_eos=True)
-                                     for i in range(len(prompts))])
-    batch = collate([H.trajectory(f"t{i}", p, g, 1.0) for i, (p, g) in enumerate(zip(prompts, gens))],
-                    CollateSpec.from_model(model)).to(device)
+    gens = engine.generate(
+        prompts, [SamplingParams(temperature=1.0, max_tokens=32, seed=i, ignore_eos=True) for i in range(len(prompts))]
+    )
+    batch = collate(
+        [H.trajectory(f"t{i}", p, g, 1.0) for i, (p, g) in enumerate(zip(prompts, gens))], CollateSpec.from_model(model)
+    ).to(device)
     with torch.no_grad():
         trainer = policy_forward(model, batch, with_entropy=False).logprobs
         ref_model = copy.deepcopy(model).float()
         embedded.fp32_logits = forward.fp32_logits = fp32_logits
         reference = policy_forward(ref_model, batch, with_entropy=False).logprobs
     del ref_model
-    mask, rollout = batch.loss_mask, batch.old_logprobs.to(device)
-    return {"size": size, "head": head, "engine_vs_trainer": stats(rollout, trainer, mask),
-            "engine_vs_fp32_reference": stats(rollout, reference, mask),
-            "trainer_vs_fp32_reference": stats(trainer, reference, mask)}
+    mask, rollout = batch.loss_mask, batch.rollout_logprobs.to(device)
+    return {
+        "size": size,
+        "head": head,
+        "engine_vs_trainer": stats(rollout, trainer, mask),
+        "engine_vs_fp32_reference": stats(rollout, reference, mask),
+        "trainer_vs_fp32_reference": stats(trainer, reference, mask),
+    }
 
 
 def main() -> None:

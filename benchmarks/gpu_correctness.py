@@ -1,7 +1,7 @@
 """GPU correctness measurements behind vlrl.models.attention and vlrl.checks.bounds (writes JSON).
 
     python benchmarks/gpu_correctness.py kernel --out k.json       # SDPA vs math backend, stride-0 vs contiguous k/v
-    python benchmarks/gpu_correctness.py invariance --out i.json   # batch invariance: sdpa / vlrl_sdpa × dtype × kv heads
+    python benchmarks/gpu_correctness.py invariance --out i.json   # batch invariance: sdpa / vlrl_sdpa × dtype × kv
     python benchmarks/gpu_correctness.py old --old-tree .old5bd --out o.json   # the literal 5bd18d2 engine
 
 ``old`` imports vlrl from ``--old-tree`` (``git archive 5bd18d2 vlrl | tar -x -C .old5bd``) and only the
@@ -23,8 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 DEVICE = "cuda"  # --device cpu: a smoke run of invariance / old on a machine without CUDA
 LENGTHS = (33, 97, 1024, 1025, 1408, 1409, 1410, 1441, 1710, 1857, 2048, 2049)
 # Prompt (tokens, images) sets: the widest is ≡ 1 mod 64 (the bug's widths) except in the control set.
-PROMPT_SETS = {"w1409": [(1409, 2), (1000, 1), (640, 0), (300, 3)], "w1025": [(1025, 1), (700, 2), (90, 0)],
-               "w1857": [(1857, 3), (1200, 0), (500, 1)], "w1710_control": [(1710, 2), (1100, 1), (400, 0)]}
+PROMPT_SETS = {
+    "w1409": [(1409, 2), (1000, 1), (640, 0), (300, 3)],
+    "w1025": [(1025, 1), (700, 2), (90, 0)],
+    "w1857": [(1857, 3), (1200, 0), (500, 1)],
+    "w1710_control": [(1710, 2), (1100, 1), (400, 0)],
+}
 
 
 def kernel_table() -> list[dict]:
@@ -42,7 +46,9 @@ def kernel_table() -> list[dict]:
             mask[:, :, :, :7] = False
             mask[:, :, :7, 0] = True
             with sdpa_kernel(SDPBackend.MATH):
-                ref = torch.nn.functional.scaled_dot_product_attention(q.float(), *(t.expand(8, 2, n, 32).float().contiguous() for t in kv), attn_mask=mask)
+                ref = torch.nn.functional.scaled_dot_product_attention(
+                    q.float(), *(t.expand(8, 2, n, 32).float().contiguous() for t in kv), attn_mask=mask
+                )
             for layout in ("stride0", "contiguous"):
                 k, v = (t.expand(8, 2, n, 32) for t in kv)
                 if layout == "contiguous":
@@ -50,9 +56,16 @@ def kernel_table() -> list[dict]:
                 with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
                     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
                 err = (out.float() - ref)[:, :, 7:].abs()
-                rows.append({"dtype": str(dtype).replace("torch.", ""), "key_length": n, "layout": layout,
-                             "max_abs": float(err.max()), "last_row_max_abs": float(err[:, :, -1].max()),
-                             "other_rows_max_abs": float(err[:, :, :-1].max())})
+                rows.append(
+                    {
+                        "dtype": str(dtype).replace("torch.", ""),
+                        "key_length": n,
+                        "layout": layout,
+                        "max_abs": float(err.max()),
+                        "last_row_max_abs": float(err[:, :, -1].max()),
+                        "other_rows_max_abs": float(err[:, :, :-1].max()),
+                    }
+                )
     return rows
 
 
@@ -62,9 +75,18 @@ def invariance_table(stack, prompt_of_length, check) -> list[dict]:
         for size in ("tiny", "tiny_kv2"):
             for dtype in ("float32", "bfloat16"):
                 renderer, engine = stack(size, dtype, DEVICE, attention)
-                rows += [_one(check, engine, renderer, prompt_of_length, name, specs,
-                              {"attention": attention, "size": size, "dtype": dtype})
-                         for name, specs in PROMPT_SETS.items()]
+                rows += [
+                    _one(
+                        check,
+                        engine,
+                        renderer,
+                        prompt_of_length,
+                        name,
+                        specs,
+                        {"attention": attention, "size": size, "dtype": dtype},
+                    )
+                    for name, specs in PROMPT_SETS.items()
+                ]
     return rows
 
 
@@ -74,10 +96,31 @@ def _one(check, engine, renderer, prompt_of_length, name, specs, meta) -> dict:
     arrangements += [[0, j] for j in range(1, len(prompts))]
     t0 = time.time()
     report = check(engine, prompts, arrangements=arrangements, dtype=meta["dtype"], max_tokens=6)
-    row = {**meta, "prompts": name, "lengths": [len(p) for p in prompts], **report.row(),
-           "seconds": round(time.time() - t0, 2)}
-    print(json.dumps({k: row[k] for k in ("attention", "size", "dtype", "prompts", "max_abs", "mean_abs",
-                                          "first_token_max_abs", "passed")}), flush=True)
+    row = {
+        **meta,
+        "prompts": name,
+        "lengths": [len(p) for p in prompts],
+        **report.row(),
+        "seconds": round(time.time() - t0, 2),
+    }
+    print(
+        json.dumps(
+            {
+                k: row[k]
+                for k in (
+                    "attention",
+                    "size",
+                    "dtype",
+                    "prompts",
+                    "max_abs",
+                    "mean_abs",
+                    "first_token_max_abs",
+                    "passed",
+                )
+            }
+        ),
+        flush=True,
+    )
     return row
 
 
@@ -96,6 +139,7 @@ def old_engine_table(old_tree: Path) -> list[dict]:
     sys.path.insert(0, str(old_tree.resolve()))
     sys.path.insert(1, str(ROOT / "tests" / "checks"))
     import vlrl  # noqa: F401  (the old tree's)
+
     assert str(old_tree.resolve()) in vlrl.__file__, vlrl.__file__
     _load("vlrl.checks.bounds", ROOT / "vlrl/checks/bounds.py")
     check = _load("vlrl.checks.batch_invariance", ROOT / "vlrl/checks/batch_invariance.py").check_batch_invariance
@@ -119,12 +163,21 @@ def old_engine_table(old_tree: Path) -> list[dict]:
     for size in ("tiny", "tiny_kv2"):
         for dtype in ("float32", "bfloat16"):
             path = default_cache_root() / "models" / f"qwen2_5_vl-{size}-seed0"  # built by `invariance` (tiny_kv2
-            assert path.exists(), path                                           # is not a 5bd18d2 size)
+            assert path.exists(), path  # is not a 5bd18d2 size)
             engine = EmbeddedEngine.from_pretrained(path, device=DEVICE, dtype=getattr(torch, dtype))
             renderer = EmbeddedRenderer.from_pretrained(path)
-            rows += [_one(check, OneBatch(engine), renderer, prompt_of_length, name, specs,
-                          {"attention": "5bd18d2 engine", "size": size, "dtype": dtype})
-                     for name, specs in PROMPT_SETS.items()]
+            rows += [
+                _one(
+                    check,
+                    OneBatch(engine),
+                    renderer,
+                    prompt_of_length,
+                    name,
+                    specs,
+                    {"attention": "5bd18d2 engine", "size": size, "dtype": dtype},
+                )
+                for name, specs in PROMPT_SETS.items()
+            ]
     return rows
 
 
@@ -149,10 +202,15 @@ def main() -> None:
         from invariance_cases import prompt_of_length, stack
 
         from vlrl.checks.batch_invariance import check_batch_invariance
+
         rows = invariance_table(stack, prompt_of_length, check_batch_invariance)
     import torch
 
-    env = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else platform.processor(), "torch": torch.__version__, "python": platform.python_version()}
+    env = {
+        "device": torch.cuda.get_device_name() if DEVICE == "cuda" else platform.processor(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
     Path(args.out).write_text(json.dumps({"what": args.what, "env": env, "rows": rows}, indent=1))
 
 

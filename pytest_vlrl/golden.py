@@ -20,10 +20,18 @@ DIFFS = pytest.StashKey[str]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("vlrl")
-    group.addoption("--vlrl-update-golden", action="store_true", default=False,
-                    help="rewrite golden files that differ, and fail those tests (like --force-regen)")
-    group.addoption("--vlrl-regen-all", action="store_true", default=False,
-                    help="rewrite every golden file the run checks, and pass")
+    group.addoption(
+        "--vlrl-update-golden",
+        action="store_true",
+        default=False,
+        help="rewrite golden files that differ, and fail those tests (like --force-regen)",
+    )
+    group.addoption(
+        "--vlrl-regen-all",
+        action="store_true",
+        default=False,
+        help="rewrite every golden file the run checks, and pass",
+    )
     parser.addini("vlrl_golden_dir", "folder of golden files, relative to the rootdir", default="golden")
 
 
@@ -62,8 +70,11 @@ class Golden:
             return
         if self.config.getoption("vlrl_update_golden"):
             pytest.fail(f"golden file {relpath} rewritten; review the change:\n{diff}", pytrace=False)
-        pytest.fail(f"golden file {relpath} differs (regenerate with `vlrl golden regen` or "
-                    f"--vlrl-update-golden, then read the diff):\n{diff}", pytrace=False)
+        pytest.fail(
+            f"golden file {relpath} differs (regenerate with `vlrl golden regen` or "
+            f"--vlrl-update-golden, then read the diff):\n{diff}",
+            pytrace=False,
+        )
 
 
 @pytest.fixture

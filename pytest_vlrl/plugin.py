@@ -14,13 +14,23 @@ MARKERS = {
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("vlrl")
-    group.addoption("--vlrl-model-cache", dest="vlrl_model_cache", default=None,
-                    help="folder for checkpoints the tests build (default: $VLRL_CACHE or ~/.cache/vlrl)")
+    group.addoption(
+        "--vlrl-model-cache",
+        dest="vlrl_model_cache",
+        default=None,
+        help="folder for checkpoints the tests build (default: $VLRL_CACHE or ~/.cache/vlrl)",
+    )
 
 
 # Plugin parts kept in their own modules (options, fixtures and hooks per concern). pytest imports
 # and registers them with this module, early enough for their own ``pytest_addoption``.
-pytest_plugins = ["pytest_vlrl.envs", "pytest_vlrl.golden", "pytest_vlrl.vllm", "pytest_vlrl.train", "pytest_vlrl.report"]
+pytest_plugins = [
+    "pytest_vlrl.envs",
+    "pytest_vlrl.golden",
+    "pytest_vlrl.vllm",
+    "pytest_vlrl.train",
+    "pytest_vlrl.report",
+]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -106,8 +106,12 @@ def run_extras(run_dir: Path) -> list[dict[str, Any]]:
 def golden_diff_extras(diff: str) -> list[dict[str, Any]]:
     from pytest_html import extras
 
-    return [extras.html("<div class='vlrl-golden-diff'><b>golden diff</b>"
-                        f"<pre style='white-space:pre-wrap'>{html.escape(diff)}</pre></div>")]
+    return [
+        extras.html(
+            "<div class='vlrl-golden-diff'><b>golden diff</b>"
+            f"<pre style='white-space:pre-wrap'>{html.escape(diff)}</pre></div>"
+        )
+    ]
 
 
 def _summary_html(run) -> str:

@@ -52,8 +52,10 @@ class TrainedRun:
         after = dict(self._final.named_parameters())
         same = changed_parameters({n: t for n, t in self._initial.items() if n in trainable}, after)
         if same:
-            raise TrainingCheckError(f"{len(same)} of {len(trainable)} trainable parameters never changed: "
-                                     f"{same[:8]}{' …' if len(same) > 8 else ''}")
+            raise TrainingCheckError(
+                f"{len(same)} of {len(trainable)} trainable parameters never changed: "
+                f"{same[:8]}{' …' if len(same) > 8 else ''}"
+            )
 
 
 @pytest.fixture
@@ -69,8 +71,12 @@ def vlrl_train(request: pytest.FixtureRequest, tmp_path: Path):
         cfg = load_config(recipe, [*overrides, f"run.out={out}", "run.progress=False"])
         attach_run(request, out)
         captured: dict = {}
-        summary = train(cfg, on_start=lambda model: captured.update(
-            initial={n: p.detach().clone() for n, p in model.named_parameters()}, model=model))
+        summary = train(
+            cfg,
+            on_start=lambda model: captured.update(
+                initial={n: p.detach().clone() for n, p in model.named_parameters()}, model=model
+            ),
+        )
         return TrainedRun(cfg, summary, captured["initial"], captured["model"])
 
     return run

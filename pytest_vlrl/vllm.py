@@ -17,8 +17,13 @@ import pytest
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("vlrl")
-    group.addoption("--vllm-max-servers", dest="vllm_max_servers", type=int, default=1,
-                    help="vLLM servers the vllm tests keep running at once (default 1)")
+    group.addoption(
+        "--vllm-max-servers",
+        dest="vllm_max_servers",
+        type=int,
+        default=1,
+        help="vLLM servers the vllm tests keep running at once (default 1)",
+    )
 
 
 def require_vllm() -> None:
@@ -83,5 +88,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for it in vllm_items:
         order.setdefault(_arch_of(it), len(order))
     others = [it for it in items if not it.get_closest_marker("vllm")]
-    items[:] = others + sorted(vllm_items, key=lambda it: (
-        order[_arch_of(it)], bool(getattr(getattr(it, "module", None), "DESTRUCTIVE", False))))
+    items[:] = others + sorted(
+        vllm_items,
+        key=lambda it: (order[_arch_of(it)], bool(getattr(getattr(it, "module", None), "DESTRUCTIVE", False))),
+    )

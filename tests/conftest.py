@@ -21,7 +21,7 @@ def arch(request) -> str:
 def tiny(vlrl_model_dir):
     """``tiny(arch)`` -> a loaded bundle (path, renderer, engine), cached for the session."""
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def get(arch: str):
         from vlrl.engines.embedded import EmbeddedEngine
         from vlrl.render.embedded import EmbeddedRenderer

@@ -1,4 +1,5 @@
-"""``python -m vlrl``: the ``vlrl`` command — what ``torchrun --nproc-per-node N -m vlrl train …`` starts on each rank."""
+"""``python -m vlrl``: the ``vlrl`` command — what ``torchrun --nproc-per-node N -m vlrl train …`` starts on
+each rank."""
 
 import sys
 

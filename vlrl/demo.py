@@ -35,8 +35,13 @@ def run(args: argparse.Namespace) -> int:
     renderer, engine = EmbeddedRenderer.from_pretrained(path), EmbeddedEngine.from_pretrained(path)
     episodes = [play(renderer, engine, name, turns, args.seed) for name, turns in EPISODES]
     worst = max(t["max_abs_diff"] for e in episodes for t in e["turns"])
-    summary = {"model": str(path), "arch": args.arch, "episodes": len(episodes), "max_logprob_abs_diff": worst,
-               "seconds": round(time.time() - t0, 1)}
+    summary = {
+        "model": str(path),
+        "arch": args.arch,
+        "episodes": len(episodes),
+        "max_logprob_abs_diff": worst,
+        "seconds": round(time.time() - t0, 1),
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report_html(summary, episodes))
@@ -56,9 +61,17 @@ def play(renderer, engine, env_class: str, max_turns: int, seed: int) -> dict:
         prompt = renderer.render(messages)
         gen = engine.generate([prompt], SamplingParams(temperature=1.0, max_tokens=24, seed=seed + k))[0]
         result = env.step(gen.text)
-        turns.append({"images": _image_urls(messages[-1]), "prompt_tokens": len(prompt), "text": gen.text,
-                      "tokens": len(gen.token_ids), "finish": gen.finish_reason, "reward": result.reward,
-                      "max_abs_diff": agreement(engine.model, prompt, gen)})
+        turns.append(
+            {
+                "images": _image_urls(messages[-1]),
+                "prompt_tokens": len(prompt),
+                "text": gen.text,
+                "tokens": len(gen.token_ids),
+                "finish": gen.finish_reason,
+                "reward": result.reward,
+                "max_abs_diff": agreement(engine.model, prompt, gen),
+            }
+        )
         messages = messages + [{"role": "assistant", "content": gen.text}] + list(result.observations)
         if result.done:
             break
@@ -86,15 +99,21 @@ def _image_urls(message: dict) -> list[str]:
 def report_html(summary: dict, episodes: list[dict]) -> str:
     rows = []
     for ep in episodes:
-        rows.append(f"<h2>{html.escape(ep['env'])} — return {ep['return']:.2f}</h2><table>"
-                    "<tr><th>turn</th><th>observation</th><th>generated</th><th>reward</th><th>max |Δ logprob|</th></tr>")
+        rows.append(
+            f"<h2>{html.escape(ep['env'])} — return {ep['return']:.2f}</h2><table>"
+            "<tr><th>turn</th><th>observation</th><th>generated</th><th>reward</th><th>max |Δ logprob|</th></tr>"
+        )
         for k, t in enumerate(ep["turns"]):
             imgs = "".join(f'<img src="{u}" height="96">' for u in t["images"])
-            rows.append(f"<tr><td>{k + 1}</td><td>{imgs}<br>{t['prompt_tokens']} prompt tokens</td>"
-                        f"<td><code>{html.escape(t['text'])}</code><br>{t['tokens']} tokens, {t['finish']}</td>"
-                        f"<td>{t['reward']:.2f}</td><td>{t['max_abs_diff']:.2e}</td></tr>")
+            rows.append(
+                f"<tr><td>{k + 1}</td><td>{imgs}<br>{t['prompt_tokens']} prompt tokens</td>"
+                f"<td><code>{html.escape(t['text'])}</code><br>{t['tokens']} tokens, {t['finish']}</td>"
+                f"<td>{t['reward']:.2f}</td><td>{t['max_abs_diff']:.2e}</td></tr>"
+            )
         rows.append("</table>")
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>vlrl demo</title><style>"
-            "body{font-family:sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:4px;vertical-align:top}"
-            "table{border-collapse:collapse}code{white-space:pre-wrap}</style></head><body>"
-            f"<h1>vlrl demo</h1><pre>{html.escape(json.dumps(summary, indent=2))}</pre>{''.join(rows)}</body></html>")
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>vlrl demo</title><style>"
+        "body{font-family:sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:4px;vertical-align:top}"
+        "table{border-collapse:collapse}code{white-space:pre-wrap}</style></head><body>"
+        f"<h1>vlrl demo</h1><pre>{html.escape(json.dumps(summary, indent=2))}</pre>{''.join(rows)}</body></html>"
+    )

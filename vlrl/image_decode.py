@@ -60,8 +60,9 @@ def decode_data_uri(url: str, limits: ImageLimits, where: Where) -> tuple[Image.
     if not url.startswith("data:"):
         raise BadInputError(f"image url must be a data URI (data:image/...;base64,...), got {url[:40]!r}", **where)
     if len(url) > limits.max_data_uri_bytes:
-        raise BadInputError(f"image data URI is {len(url)} bytes, over the limit of {limits.max_data_uri_bytes}",
-                            **where)
+        raise BadInputError(
+            f"image data URI is {len(url)} bytes, over the limit of {limits.max_data_uri_bytes}", **where
+        )
     header, sep, payload = url.partition(",")
     if not sep or not header.endswith(";base64"):
         raise BadInputError(f"malformed data URI header {header[:60]!r}: expected 'data:<mime>;base64,'", **where)
@@ -112,8 +113,9 @@ def model_image(image: Any, what: str, where: Where, limits: ImageLimits) -> Ima
         pil = Image.fromarray(np.ascontiguousarray(image), mode="RGB")
         check_size(pil, limits, where)
         return pil
-    raise BadInputError(f"{what} must be a PIL image, an RGB uint8 array or a data URI, got {type(image).__name__}",
-                        **where)
+    raise BadInputError(
+        f"{what} must be a PIL image, an RGB uint8 array or a data URI, got {type(image).__name__}", **where
+    )
 
 
 def check_size(pil: Image.Image, limits: ImageLimits, where: Where) -> None:
@@ -124,8 +126,10 @@ def check_size(pil: Image.Image, limits: ImageLimits, where: Where) -> None:
         raise BadInputError(f"image is {w}x{h} = {w * h} pixels, over the budget of {limits.max_pixels}", **where)
     ratio = max(w, h) / min(w, h)
     if ratio > limits.max_aspect_ratio:
-        raise BadInputError(f"image is {w}x{h}: aspect ratio {ratio:.1f} is over the processor's limit of "
-                            f"{limits.max_aspect_ratio:g}", **where)
+        raise BadInputError(
+            f"image is {w}x{h}: aspect ratio {ratio:.1f} is over the processor's limit of {limits.max_aspect_ratio:g}",
+            **where,
+        )
 
 
 def _to_model(pil: Image.Image, where: Where) -> tuple[Image.Image, bool]:

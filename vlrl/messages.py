@@ -15,8 +15,9 @@ Accepted image parts: ``{"type": "image_url", "image_url": {"url": URI}}``, ``{"
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -24,10 +25,27 @@ from PIL import Image
 from vlrl.errors import BadInputError
 from vlrl.image_decode import ImageLimits, canonical_uri, decode_data_uri, encode_png_or_jpeg, model_image
 
-__all__ = ["ROLES", "IMAGE_PART_TYPES", "TEXT_PART_TYPES", "SUPPORTED_IMAGE_FORMATS", "VISION_TOKENS",
-           "TURN_TOKENS", "RESERVED_IN_TEXT", "ImageLimits", "PreparedMessages", "encode_image", "image_part",
-           "text_part", "user_message", "load_image", "image_hash", "iter_parts", "validate_messages",
-           "prepare_messages", "normalize_messages"]
+__all__ = [
+    "ROLES",
+    "IMAGE_PART_TYPES",
+    "TEXT_PART_TYPES",
+    "SUPPORTED_IMAGE_FORMATS",
+    "VISION_TOKENS",
+    "TURN_TOKENS",
+    "RESERVED_IN_TEXT",
+    "ImageLimits",
+    "PreparedMessages",
+    "encode_image",
+    "image_part",
+    "text_part",
+    "user_message",
+    "load_image",
+    "image_hash",
+    "iter_parts",
+    "validate_messages",
+    "prepare_messages",
+    "normalize_messages",
+]
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 TEXT_PART_TYPES = frozenset({"text"})
@@ -73,15 +91,19 @@ def user_message(*parts: dict[str, Any] | str) -> dict[str, Any]:
 # ---------------------------------------------------------------- reading images
 
 
-def load_image(part: dict[str, Any], *, message_index: int | None = None, part_index: int | None = None,
-               limits: ImageLimits = ImageLimits()) -> Image.Image:
+def load_image(
+    part: dict[str, Any],
+    *,
+    message_index: int | None = None,
+    part_index: int | None = None,
+    limits: ImageLimits = ImageLimits(),
+) -> Image.Image:
     """Decode an image content part (any accepted form) into the RGB image the model receives, or
     raise :class:`BadInputError` naming the message and part."""
     return _decode_part(part, {"message_index": message_index, "part_index": part_index}, limits)[0]
 
 
-def _decode_part(part: dict[str, Any], where: dict[str, int | None],
-                 limits: ImageLimits) -> tuple[Image.Image, str]:
+def _decode_part(part: dict[str, Any], where: dict[str, int | None], limits: ImageLimits) -> tuple[Image.Image, str]:
     """``(model RGB image, canonical data URI)`` of an image part; the URI decodes to exactly that image."""
     payload = _payload(part, where)
     if isinstance(payload, str):
@@ -145,8 +167,9 @@ def validate_messages(messages: Any) -> None:
             _check_text(content, role, mi, None)
             continue
         if not isinstance(content, list):
-            raise BadInputError(f"content must be a string or a list of parts, got {type(content).__name__}",
-                                message_index=mi)
+            raise BadInputError(
+                f"content must be a string or a list of parts, got {type(content).__name__}", message_index=mi
+            )
         for pi, part in enumerate(content):
             _validate_part(part, role, mi, pi)
 
@@ -161,21 +184,29 @@ def _validate_part(part: Any, role: str, mi: int, pi: int) -> None:
         _check_text(part["text"], role, mi, pi)
     elif kind not in IMAGE_PART_TYPES:
         allowed = sorted(TEXT_PART_TYPES | IMAGE_PART_TYPES)
-        raise BadInputError(f"unsupported content part type {kind!r}; expected one of {allowed}",
-                            message_index=mi, part_index=pi)
+        raise BadInputError(
+            f"unsupported content part type {kind!r}; expected one of {allowed}", message_index=mi, part_index=pi
+        )
 
 
 def _check_text(text: str, role: str, mi: int, pi: int | None) -> None:
     for token in VISION_TOKENS:
         if token in text:
-            raise BadInputError(f"text contains the reserved vision token {token!r}; images must be "
-                                "image parts, not placeholder text", message_index=mi, part_index=pi)
+            raise BadInputError(
+                f"text contains the reserved vision token {token!r}; images must be image parts, not placeholder text",
+                message_index=mi,
+                part_index=pi,
+            )
     if role == "assistant":
         return
     for token in TURN_TOKENS:
         if token in text:
-            raise BadInputError(f"{role} text contains the control token {token!r}, which the tokenizer reads "
-                                "as a real turn boundary; remove it from the text", message_index=mi, part_index=pi)
+            raise BadInputError(
+                f"{role} text contains the control token {token!r}, which the tokenizer reads "
+                "as a real turn boundary; remove it from the text",
+                message_index=mi,
+                part_index=pi,
+            )
 
 
 # ---------------------------------------------------------------- normalising
@@ -225,4 +256,3 @@ def normalize_messages(messages: Any, *, limits: ImageLimits = ImageLimits()) ->
     part (see :class:`PreparedMessages`), validated (roles, parts, reserved and control tokens, image
     bytes and limits); raises :class:`BadInputError` naming message and part. The input is not modified."""
     return prepare_messages(messages, limits=limits).messages
-

@@ -10,7 +10,8 @@ Standard library only: ``vlrl.algos`` and ``vlrl.envs`` import it and stay light
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

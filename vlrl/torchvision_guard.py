@@ -20,8 +20,10 @@ import importlib.machinery
 import sys
 
 TARGET = "torchvision._meta_registrations"
-SCHEMAS = {"nms": "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
-           "qnms": "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"}
+SCHEMAS = {
+    "nms": "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+    "qnms": "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+}
 _LIBRARY = []  # the torch.library fragment must outlive the call, or its definitions go away
 
 

@@ -34,13 +34,15 @@ def test_grpo_with_std_hand_computed():
     # group 0 = {1, 0}: mean 0.5, unbiased std sqrt((0.25 + 0.25) / 1) = sqrt(0.5)
     a0 = 0.5 / (math.sqrt(0.5) + EPS)  # 0.70710...
     # group 1 = {1, 1}: std 0 -> 0 / (0 + eps) = 0; group 2 = {5}: size 1 -> 0
-    expected = torch.tensor([
-        [a0, a0, a0],
-        [-a0, -a0, 0.0],
-        [0.0, 0.0, 0.0],
-        [0.0, 0.0, 0.0],
-        [0.0, 0.0, 0.0],
-    ])
+    expected = torch.tensor(
+        [
+            [a0, a0, a0],
+            [-a0, -a0, 0.0],
+            [0.0, 0.0, 0.0],
+            [0.0, 0.0, 0.0],
+            [0.0, 0.0, 0.0],
+        ]
+    )
     torch.testing.assert_close(adv, expected)
 
 

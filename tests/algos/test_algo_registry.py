@@ -5,8 +5,17 @@ from __future__ import annotations
 import pytest
 
 from vlrl.algos import (
-    ADVANTAGES, AGGREGATIONS, CORRECTION_LEVELS, CORRECTION_MODES, KL_ESTIMATORS, POLICY_LOSSES,
-    get_advantage_fn, get_aggregation_fn, get_kl_fn, get_policy_loss_fn, register_advantage,
+    ADVANTAGES,
+    AGGREGATIONS,
+    CORRECTION_LEVELS,
+    CORRECTION_MODES,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    get_advantage_fn,
+    get_aggregation_fn,
+    get_kl_fn,
+    get_policy_loss_fn,
+    register_advantage,
 )
 from vlrl.registry import DuplicateNameError, Registry, UnknownNameError
 
@@ -49,12 +58,15 @@ def test_builtin_registry_refuses_to_overwrite():
     assert get_advantage_fn("grpo") is original
 
 
-@pytest.mark.parametrize(("getter", "bad", "listed"), [
-    (get_advantage_fn, "ppo", "grpo, reinforce_pp, rloo"),
-    (get_policy_loss_fn, "ppo", "cispo, gspo, ppo_clip"),
-    (get_aggregation_fn, "mean", "seq_mean_token_mean, seq_mean_token_sum_norm, token_mean"),
-    (get_kl_fn, "k4", "k1, k2, k3"),
-])
+@pytest.mark.parametrize(
+    ("getter", "bad", "listed"),
+    [
+        (get_advantage_fn, "ppo", "grpo, reinforce_pp, rloo"),
+        (get_policy_loss_fn, "ppo", "cispo, gspo, ppo_clip"),
+        (get_aggregation_fn, "mean", "seq_mean_token_mean, seq_mean_token_sum_norm, token_mean"),
+        (get_kl_fn, "k4", "k1, k2, k3"),
+    ],
+)
 def test_getters_list_valid_names(getter, bad, listed):
     with pytest.raises(UnknownNameError, match=f"valid names: {listed}$"):
         getter(bad)

@@ -26,17 +26,22 @@ def imported_modules(path: Path) -> set[str]:
 def test_sources_import_only_torch_stdlib_and_vlrl_algos():
     offenders = {}
     for path in sorted(ALGOS_DIR.glob("*.py")):
-        bad = {m for m in imported_modules(path)
-               if m.split(".")[0] not in ALLOWED_ROOTS
-               or (m.startswith("vlrl") and m != "vlrl.registry" and not m.startswith("vlrl.algos"))}
+        bad = {
+            m
+            for m in imported_modules(path)
+            if m.split(".")[0] not in ALLOWED_ROOTS
+            or (m.startswith("vlrl") and m != "vlrl.registry" and not m.startswith("vlrl.algos"))
+        }
         if bad:
             offenders[path.name] = sorted(bad)
     assert not offenders
 
 
 def test_importing_does_not_load_heavy_packages():
-    code = ("import sys, vlrl.algos; heavy = {'transformers', 'PIL', 'vllm', 'vlrl.messages'}; "
-            "print(sorted(m for m in heavy if m in sys.modules))")
+    code = (
+        "import sys, vlrl.algos; heavy = {'transformers', 'PIL', 'vllm', 'vlrl.messages'}; "
+        "print(sorted(m for m in heavy if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -6,8 +6,14 @@ import pytest
 import torch
 
 from vlrl.algos import (
-    AlgoConfig, agg_counts, get_advantage_fn, get_aggregation_fn, get_policy_loss_fn, kl_loss,
-    kl_penalized_rewards, rollout_correction,
+    AlgoConfig,
+    agg_counts,
+    get_advantage_fn,
+    get_aggregation_fn,
+    get_policy_loss_fn,
+    kl_loss,
+    kl_penalized_rewards,
+    rollout_correction,
 )
 
 GOOD = 2  # the rewarded token of a 4-token vocabulary
@@ -39,8 +45,9 @@ def train_bandit(cfg: AlgoConfig, steps: int = 25, group: int = 8, sign: float =
             loss = loss * weights[rows]
             if cfg.kl_coef > 0 and not cfg.kl_in_reward:
                 loss = loss + kl_loss(logp, ref[rows], mask[rows], cfg)
-            get_aggregation_fn(cfg.loss_agg)(loss, mask[rows], num_tokens=n_tok, num_seqs=n_seq,
-                                             norm_len=cfg.loss_norm_len).backward()
+            get_aggregation_fn(cfg.loss_agg)(
+                loss, mask[rows], num_tokens=n_tok, num_seqs=n_seq, norm_len=cfg.loss_norm_len
+            ).backward()
         opt.step()
     return logits.detach().softmax(-1)[GOOD].item()
 
@@ -52,11 +59,14 @@ def test_every_advantage_and_loss_pair_learns_the_bandit(advantage, policy_loss)
     assert train_bandit(cfg) > 0.8  # from 0.25
 
 
-@pytest.mark.parametrize("extra", [
-    {"loss_agg": "seq_mean_token_sum_norm", "loss_norm_len": 1, "kl_coef": 0.01},
-    {"loss_agg": "seq_mean_token_mean", "kl_coef": 0.01, "kl_in_reward": True},
-    {"correction_level": "sequence", "correction_mode": "mask"},
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"loss_agg": "seq_mean_token_sum_norm", "loss_norm_len": 1, "kl_coef": 0.01},
+        {"loss_agg": "seq_mean_token_mean", "kl_coef": 0.01, "kl_in_reward": True},
+        {"correction_level": "sequence", "correction_mode": "mask"},
+    ],
+)
 def test_other_knobs_still_learn(extra):
     assert train_bandit(AlgoConfig(**extra)) > 0.8
 

@@ -72,8 +72,7 @@ def test_kl_penalized_rewards_hand_computed():
     logp = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -1.0, -1.0]], requires_grad=True)
     ref = torch.tensor([[-1.5, -1.0, -0.5], [-1.2, -1.0, -0.6]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
-    out = kl_penalized_rewards(torch.tensor([1.0, 2.0]), logp, ref, mask,
-                               AlgoConfig(kl_estimator="k1", kl_coef=0.5))
+    out = kl_penalized_rewards(torch.tensor([1.0, 2.0]), logp, ref, mask, AlgoConfig(kl_estimator="k1", kl_coef=0.5))
     # k1 = d: row 0 [0.5, -1.0, (masked)]; row 1 [0.2, 0.0, -0.4]
     # reward on the last response token, minus 0.5 * d on each response token:
     # row 0: [0 - 0.25, 1 + 0.5, 0]; row 1: [0 - 0.1, 0 - 0, 2 + 0.2]

@@ -10,11 +10,13 @@ from hypothesis import strategies as st
 from vlrl.algos import agg_counts, get_aggregation_fn
 
 # masked positions hold 100 (and one inf) to show they contribute nothing
-LOSS = torch.tensor([
-    [1.0, 2.0, 3.0, 100.0],
-    [4.0, 100.0, float("inf"), 100.0],
-    [5.0, 6.0, 100.0, 100.0],
-])
+LOSS = torch.tensor(
+    [
+        [1.0, 2.0, 3.0, 100.0],
+        [4.0, 100.0, float("inf"), 100.0],
+        [5.0, 6.0, 100.0, 100.0],
+    ]
+)
 MASK = torch.tensor([[1.0, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0]])
 NAMES = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 
@@ -59,9 +61,14 @@ def test_agg_counts_over_micro_batches():
     assert agg_counts([MASK[:2], MASK[2:], torch.zeros(1, 7)]) == (6, 3)
 
 
-@pytest.mark.parametrize(("name", "full"), [
-    ("token_mean", 3.5), ("seq_mean_token_mean", 11.5 / 3), ("seq_mean_token_sum_norm", 1.75),
-])
+@pytest.mark.parametrize(
+    ("name", "full"),
+    [
+        ("token_mean", 3.5),
+        ("seq_mean_token_mean", 11.5 / 3),
+        ("seq_mean_token_sum_norm", 1.75),
+    ],
+)
 def test_micro_batches_with_global_counts_sum_to_full_batch(name, full):
     parts = [(LOSS[:2], MASK[:2]), (LOSS[2:], MASK[2:])]
     n_tok, n_seq = agg_counts(m for _, m in parts)
@@ -106,8 +113,7 @@ def test_micro_batching_property(seed, rows, cols, name, data):
     n_tok, n_seq = agg_counts(mask[a:b] for a, b in zip(bounds, bounds[1:]))
     total = torch.zeros((), dtype=torch.float64)
     for a, b in zip(bounds, bounds[1:]):
-        part = get_aggregation_fn(name)(micro_param[a:b], mask[a:b], num_tokens=n_tok,
-                                        num_seqs=n_seq, norm_len=cols)
+        part = get_aggregation_fn(name)(micro_param[a:b], mask[a:b], num_tokens=n_tok, num_seqs=n_seq, norm_len=cols)
         part.backward()
         total += part.detach()
     torch.testing.assert_close(total, full.detach())

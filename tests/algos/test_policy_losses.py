@@ -71,7 +71,8 @@ def test_dual_clip_bounds_the_loss_of_negative_advantages():
     loss, _ = get_policy_loss_fn("ppo_clip")(log_ratio, torch.zeros(1, 401), adv, ones, PPO_CFG)
     assert torch.all(loss <= -adv * 3.0 + 1e-6)
     unbounded, _ = get_policy_loss_fn("ppo_clip")(
-        log_ratio, torch.zeros(1, 401), adv, ones, PPO_CFG.replace(clip_ratio_c=None))
+        log_ratio, torch.zeros(1, 401), adv, ones, PPO_CFG.replace(clip_ratio_c=None)
+    )
     assert torch.any(unbounded > -adv * 3.0)  # the bound is the dual clip's doing
 
 
@@ -194,7 +195,7 @@ def test_cispo_lower_clamp_and_no_token_loses_its_gradient():
 def test_masked_tokens_contribute_nothing(name):
     torch.manual_seed(5)
     old = torch.randn(3, 5)
-    lp = (old + 0.1 * torch.randn(3, 5))
+    lp = old + 0.1 * torch.randn(3, 5)
     adv = torch.randn(3, 5)
     mask = torch.tensor([[1.0, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 1, 0, 1]])
     cfg = AlgoConfig(policy_loss=name)
@@ -225,5 +226,6 @@ def test_on_policy_gradient_is_minus_advantage_times_score(name):
 
 def test_shape_mismatch_is_refused():
     with pytest.raises(ValueError, match="shape mismatch"):
-        get_policy_loss_fn("ppo_clip")(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 4),
-                                       torch.ones(2, 3), AlgoConfig())
+        get_policy_loss_fn("ppo_clip")(
+            torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3), AlgoConfig()
+        )

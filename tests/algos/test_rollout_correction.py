@@ -84,8 +84,9 @@ def test_all_masked_out_gives_zero_ess_not_nan():
 def test_huge_sequence_ratio_is_clamped_finite():
     old = torch.zeros(1, 40)
     rollout = torch.full((1, 40), -5.0)  # sum of log-ratios 200 -> clamped to 20
-    w, m = rollout_correction(old, rollout, torch.ones(1, 40), AlgoConfig(correction_level="sequence",
-                                                                          correction_cap=1e12))
+    w, m = rollout_correction(
+        old, rollout, torch.ones(1, 40), AlgoConfig(correction_level="sequence", correction_cap=1e12)
+    )
     assert m["ratio_max"].item() == pytest.approx(math.exp(20), rel=1e-5)
     assert torch.all(torch.isfinite(w))
 

@@ -50,11 +50,17 @@ def _trim_to(prompt, n_tokens: int, renderer):
         end -= 1
     while len(ids) < n_tokens:
         ids.insert(end, filler)
-    return RenderedPrompt(token_ids=tuple(ids), pixel_values=prompt.pixel_values, image_grid_thw=prompt.image_grid_thw,
-                          placeholders=prompt.placeholders, image_hashes=prompt.image_hashes, text="")
+    return RenderedPrompt(
+        token_ids=tuple(ids),
+        pixel_values=prompt.pixel_values,
+        image_grid_thw=prompt.image_grid_thw,
+        placeholders=prompt.placeholders,
+        image_hashes=prompt.image_hashes,
+        text="",
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def stack(size: str, dtype: str, device: str, attention: str | None = None):
     """(renderer, engine) for the tiny Qwen2.5-VL of ``size`` (tiny: one kv head; tiny_kv2: two)."""
     import torch

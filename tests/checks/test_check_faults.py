@@ -23,8 +23,11 @@ def test_batch_invariance_fails_when_padding_leaks_into_attention(monkeypatch):
     check_batch_invariance(engine, prompts).raise_if_failed()  # healthy engine
     leaky = EmbeddedEngine(engine.model, engine.tokenizer)
     inputs = leaky._prefill_inputs
-    monkeypatch.setattr(leaky, "_prefill_inputs", lambda reqs: {
-        **(x := inputs(reqs)), "attention_mask": torch.ones_like(x["attention_mask"])})
+    monkeypatch.setattr(
+        leaky,
+        "_prefill_inputs",
+        lambda reqs: {**(x := inputs(reqs)), "attention_mask": torch.ones_like(x["attention_mask"])},
+    )
     with pytest.raises(BatchVarianceError, match="depend on the batch"):
         check_batch_invariance(leaky, prompts).raise_if_failed()
 
@@ -66,8 +69,8 @@ def test_breakdown_localises_a_first_token_disagreement_at_depth():
     B, L = 2, 2600
     mask, turns = torch.zeros(B, L), torch.full((B, L), -1)
     for start, turn in ((100, 0), (700, 1), (1500, 2), (2200, 3)):  # 20 generated tokens per turn
-        turns[:, start - 50:start + 20] = turn
-        mask[:, start:start + 20] = 1
+        turns[:, start - 50 : start + 20] = turn
+        mask[:, start : start + 20] = 1
     rollout = torch.zeros(B, L)
     trainer = rollout.clone()
     trainer[:, 1500] = 2.0  # only the first token of turn 2, at depth 1500
@@ -78,5 +81,9 @@ def test_breakdown_localises_a_first_token_disagreement_at_depth():
     assert by_depth["1k-2k"].max_abs == 2.0 and by_depth["2k-4k"].max_abs == 0.0 == by_depth["0-512"].max_abs
     assert by_pos["first"].max_abs == 2.0 and by_pos["first"].n_tokens == 8 and by_pos["rest"].max_abs == 0.0
     report = compare_logprobs(rollout, trainer, mask, turn_index=turns)
-    assert report.breakdown.rows()["by_turn_position"][0] == {"bin": "first", "n_tokens": 8, "max_abs": 2.0,
-                                                              "mean_abs": 0.5}
+    assert report.breakdown.rows()["by_turn_position"][0] == {
+        "bin": "first",
+        "n_tokens": 8,
+        "max_abs": 2.0,
+        "mean_abs": 0.5,
+    }

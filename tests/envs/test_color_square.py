@@ -12,12 +12,23 @@ from vlrl.messages import load_image
 NAMES = list(DEFAULT_PALETTE)
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("<answer>red</answer>", "red"), ("<ANSWER> Blue </answer>", "blue"), ("green", "green"), ("  Yellow.\n", "yellow"),
-    ("<answer>red</answer> wait <answer>green</answer>", "green"), ("red or blue", None), ("purple", None),
-    ("<answer>purple</answer>", None), ("", None), ("the answer is red", None), ("r" * 100_000, None),
-    ("<answer>re d</answer>", None),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("<answer>red</answer>", "red"),
+        ("<ANSWER> Blue </answer>", "blue"),
+        ("green", "green"),
+        ("  Yellow.\n", "yellow"),
+        ("<answer>red</answer> wait <answer>green</answer>", "green"),
+        ("red or blue", None),
+        ("purple", None),
+        ("<answer>purple</answer>", None),
+        ("", None),
+        ("the answer is red", None),
+        ("r" * 100_000, None),
+        ("<answer>re d</answer>", None),
+    ],
+)
 def test_parser_lenient_on_form_strict_on_content(text, expected):
     parsed = colour_parser(NAMES)(text)
     assert parsed.name == expected

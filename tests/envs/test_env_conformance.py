@@ -5,15 +5,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 import sample_envs as S  # tests/envs is on sys.path (rootdir-relative test module import)
+
 from pytest_vlrl.envs import parametrize_envs
 from vlrl.checks.envs import EnvConformanceError, check_env
 from vlrl.cli import main as vlrl_main
 from vlrl.envs import registered_envs
 
-BUILTINS = {"maze2d/5x5", "maze2d/7x7", "maze2d/easy", "maze2d/hard", "color_square", "geometry", "gym/FrozenLake-v1", "gym/CliffWalking-v1",
-            "gym/Taxi-v4"}
+BUILTINS = {
+    "maze2d/5x5",
+    "maze2d/7x7",
+    "maze2d/easy",
+    "maze2d/hard",
+    "color_square",
+    "geometry",
+    "gym/FrozenLake-v1",
+    "gym/CliffWalking-v1",
+    "gym/Taxi-v4",
+}
 
 
 def test_all_builtins_are_registered():
@@ -34,16 +43,19 @@ def test_good_sample_env_passes():
     assert check_env(S.make_good, n_hostile=10).ok
 
 
-@pytest.mark.parametrize("cls,check", [
-    (S.EvalEnv, "no_execution"),
-    (S.NondeterministicEnv, "determinism"),
-    (S.NoDoneErrorEnv, "step_after_done"),
-    (S.ObsAfterDoneEnv, "done"),
-    (S.CrashOnHostileEnv, "hostile"),
-    (S.HugeImageEnv, "images"),
-    (S.BadMessagesEnv, "messages"),
-    (S.NeverDoneEnv, "done"),
-])
+@pytest.mark.parametrize(
+    "cls,check",
+    [
+        (S.EvalEnv, "no_execution"),
+        (S.NondeterministicEnv, "determinism"),
+        (S.NoDoneErrorEnv, "step_after_done"),
+        (S.ObsAfterDoneEnv, "done"),
+        (S.CrashOnHostileEnv, "hostile"),
+        (S.HugeImageEnv, "images"),
+        (S.BadMessagesEnv, "messages"),
+        (S.NeverDoneEnv, "done"),
+    ],
+)
 def test_broken_envs_are_caught(cls, check):
     report = check_env(cls, n_hostile=10, raise_on_failure=False)
     assert not report.ok

@@ -5,21 +5,32 @@ from __future__ import annotations
 import math
 
 import pytest
-
 import sample_envs as S
-from vlrl.envs import (EnvError, EpisodeDoneError, StepResult, env_from_row, make_env, register_env,
-                       registered_envs, unregister_env)
+
+from vlrl.envs import (
+    EnvError,
+    EpisodeDoneError,
+    StepResult,
+    env_from_row,
+    make_env,
+    register_env,
+    registered_envs,
+    unregister_env,
+)
 
 
-@pytest.mark.parametrize("kwargs,error", [
-    ({"observations": {}, "reward": 0.0, "done": False}, TypeError),
-    ({"observations": [], "reward": "1", "done": False}, TypeError),
-    ({"observations": [], "reward": True, "done": False}, TypeError),
-    ({"observations": [], "reward": math.nan, "done": False}, ValueError),
-    ({"observations": [], "reward": math.inf, "done": False}, ValueError),
-    ({"observations": [], "reward": 0.0, "done": 1}, TypeError),
-    ({"observations": [], "reward": 0.0, "done": False, "metadata": []}, TypeError),
-])
+@pytest.mark.parametrize(
+    "kwargs,error",
+    [
+        ({"observations": {}, "reward": 0.0, "done": False}, TypeError),
+        ({"observations": [], "reward": "1", "done": False}, TypeError),
+        ({"observations": [], "reward": True, "done": False}, TypeError),
+        ({"observations": [], "reward": math.nan, "done": False}, ValueError),
+        ({"observations": [], "reward": math.inf, "done": False}, ValueError),
+        ({"observations": [], "reward": 0.0, "done": 1}, TypeError),
+        ({"observations": [], "reward": 0.0, "done": False, "metadata": []}, TypeError),
+    ],
+)
 def test_step_result_validates(kwargs, error):
     with pytest.raises(error):
         StepResult(**kwargs)
@@ -38,8 +49,9 @@ def test_user_env_registers_like_ours():
         assert "test/good" in registered_envs()
         with pytest.raises(EnvError, match="already registered"):
             register_env("test/good", lambda extras, seed: S.GoodEnv(seed))
-        env = env_from_row({"prompt": [{"role": "user", "content": "x"}], "env_class": "test/good", "extras": {},
-                            "seed": 3})
+        env = env_from_row(
+            {"prompt": [{"role": "user", "content": "x"}], "env_class": "test/good", "extras": {}, "seed": 3}
+        )
         assert env.seed == 3
     finally:
         unregister_env("test/good")
@@ -86,7 +98,9 @@ def test_envs_package_import_is_light():
     import subprocess
     import sys
 
-    code = ("import sys, vlrl.envs; vlrl.envs.registered_envs(); "
-            "bad = [m for m in ('torch', 'transformers', 'sympy', 'pygame') if m in sys.modules]; print(bad)")
+    code = (
+        "import sys, vlrl.envs; vlrl.envs.registered_envs(); "
+        "bad = [m for m in ('torch', 'transformers', 'sympy', 'pygame') if m in sys.modules]; print(bad)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -19,11 +19,24 @@ def _sha(path) -> str:
 
 
 def test_rows_round_trip_unchanged(tmp_path):
-    rows = [EnvRow([{"role": "user", "content": "placeholder"}], "maze2d/easy", {}, 0),
-            EnvRow([{"role": "user", "content": [{"type": "text", "text": "héllo"}, {"type": "image_url",
-                                                  "image_url": {"url": "data:image/png;base64,AAAA"}}]}],
-                   "geometry", {"ground_truth": "2\\sqrt{13}", "nested": {"a": [1, 2.5, None], "b": {}}}, None),
-            EnvRow([{"role": "user", "content": "x"}], "color_square", {"palette": {"red": [255, 0, 0]}}, 2**31 - 1)]
+    rows = [
+        EnvRow([{"role": "user", "content": "placeholder"}], "maze2d/easy", {}, 0),
+        EnvRow(
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "héllo"},
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                    ],
+                }
+            ],
+            "geometry",
+            {"ground_truth": "2\\sqrt{13}", "nested": {"a": [1, 2.5, None], "b": {}}},
+            None,
+        ),
+        EnvRow([{"role": "user", "content": "x"}], "color_square", {"palette": {"red": [255, 0, 0]}}, 2**31 - 1),
+    ]
     path = write_rows(rows, tmp_path / "rows.parquet")
     assert read_rows(path) == rows
     frame = pd.read_parquet(path)
@@ -52,8 +65,24 @@ def test_cli_writes_train_and_eval_and_eval_is_identical_across_runs(tmp_path, e
 
 def test_train_seed_makes_the_train_split_reproducible(tmp_path):
     for out in ("a", "b"):
-        assert vlrl_main(["dataset", "--env", "maze2d/hard", "--train", "3", "--eval", "0", "--train-seed", "7",
-                          "--out", str(tmp_path / out)]) == 0
+        assert (
+            vlrl_main(
+                [
+                    "dataset",
+                    "--env",
+                    "maze2d/hard",
+                    "--train",
+                    "3",
+                    "--eval",
+                    "0",
+                    "--train-seed",
+                    "7",
+                    "--out",
+                    str(tmp_path / out),
+                ]
+            )
+            == 0
+        )
     assert read_rows(tmp_path / "a/train.parquet") == read_rows(tmp_path / "b/train.parquet")
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vlrl.checks.hostile import FRAGMENTS, ExecutionSentinel
 from vlrl.envs.color_square import DEFAULT_PALETTE, colour_parser
@@ -12,8 +13,12 @@ from vlrl.envs.gym_adapter import SHIPPED, keyword_parser
 from vlrl.envs.maze_text import parse_keyword_action, parse_tuple_action
 
 TEXT = st.one_of(st.text(max_size=300), st.lists(st.sampled_from(FRAGMENTS), max_size=20).map("".join))
-PARSERS = [parse_tuple_action, parse_keyword_action, colour_parser(list(DEFAULT_PALETTE)),
-           keyword_parser(SHIPPED["Taxi-v4"].keywords)]
+PARSERS = [
+    parse_tuple_action,
+    parse_keyword_action,
+    colour_parser(list(DEFAULT_PALETTE)),
+    keyword_parser(SHIPPED["Taxi-v4"].keywords),
+]
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)

@@ -27,7 +27,9 @@ def play(env_class: str, expert: str, seed: int, extras: dict | None = None) -> 
 
 
 def test_one_registry_class_for_algos_envs_and_experts():
-    assert all(isinstance(reg, Registry) for reg in (vlrl.algos.ADVANTAGES, vlrl.algos.POLICY_LOSSES, vlrl.algos.KL_ESTIMATORS))
+    assert all(
+        isinstance(reg, Registry) for reg in (vlrl.algos.ADVANTAGES, vlrl.algos.POLICY_LOSSES, vlrl.algos.KL_ESTIMATORS)
+    )
     assert isinstance(ENVS, Registry) and isinstance(EXPERTS, Registry)
     assert vlrl.train.experts.expert_for is expert_for  # what vlrl.train.loop imports
     assert {"maze2d", "color_square", "color_square/format"} <= set(registered_experts())

@@ -13,23 +13,72 @@ from vlrl.envs.geometry.grading import extract_answer, grade, last_boxed
 from vlrl.messages import load_image
 
 EQUIVALENT = [
-    ("40", "40"), ("40^\\circ", "40"), ("40^{\\circ}", "40"), ("40°", "40"), ("$40$", "40"), ("x = 40", "40"),
-    ("40.0", "40"), (" 40 ", "40"), ("40 \\text{ degrees}", "40"), ("12 cm", "12"), ("2\\sqrt{13}", "2\\sqrt{13}"),
-    ("\\sqrt{52}", "2\\sqrt{13}"), ("2 \\sqrt{13}", "\\sqrt{52}"), ("sqrt(52)", "2\\sqrt{13}"),
-    ("2*\\sqrt{13}", "2\\sqrt{13}"), ("\\frac{1}{2}", "0.5"), ("\\dfrac{3}{4}", "0.75"), ("1/2", "\\frac{1}{2}"),
-    ("\\frac{\\sqrt{3}}{2}", "\\frac{1}{2}\\sqrt{3}"), ("\\sqrt[3]{8}", "2"), ("2^{10}", "1024"),
-    ("2\\pi", "\\pi \\cdot 2"), ("\\left(3\\right)", "3"), ("-5", "-(5)"), ("4\\sqrt{2}", "\\sqrt{32}"),
-    ("6 \\times 7", "42"), ("\\frac{10}{\\sqrt{2}}", "5\\sqrt{2}"),
+    ("40", "40"),
+    ("40^\\circ", "40"),
+    ("40^{\\circ}", "40"),
+    ("40°", "40"),
+    ("$40$", "40"),
+    ("x = 40", "40"),
+    ("40.0", "40"),
+    (" 40 ", "40"),
+    ("40 \\text{ degrees}", "40"),
+    ("12 cm", "12"),
+    ("2\\sqrt{13}", "2\\sqrt{13}"),
+    ("\\sqrt{52}", "2\\sqrt{13}"),
+    ("2 \\sqrt{13}", "\\sqrt{52}"),
+    ("sqrt(52)", "2\\sqrt{13}"),
+    ("2*\\sqrt{13}", "2\\sqrt{13}"),
+    ("\\frac{1}{2}", "0.5"),
+    ("\\dfrac{3}{4}", "0.75"),
+    ("1/2", "\\frac{1}{2}"),
+    ("\\frac{\\sqrt{3}}{2}", "\\frac{1}{2}\\sqrt{3}"),
+    ("\\sqrt[3]{8}", "2"),
+    ("2^{10}", "1024"),
+    ("2\\pi", "\\pi \\cdot 2"),
+    ("\\left(3\\right)", "3"),
+    ("-5", "-(5)"),
+    ("4\\sqrt{2}", "\\sqrt{32}"),
+    ("6 \\times 7", "42"),
+    ("\\frac{10}{\\sqrt{2}}", "5\\sqrt{2}"),
 ]
 NOT_EQUIVALENT = [
-    ("41", "40"), ("3.464", "2\\sqrt{3}"), ("\\sqrt{13}", "2\\sqrt{13}"), ("40.1", "40"), ("-40", "40"),
-    ("\\frac{1}{3}", "0.33"), ("2\\pi", "6.28"), ("x", "40"), ("", "40"), ("40 + y", "40"),
+    ("41", "40"),
+    ("3.464", "2\\sqrt{3}"),
+    ("\\sqrt{13}", "2\\sqrt{13}"),
+    ("40.1", "40"),
+    ("-40", "40"),
+    ("\\frac{1}{3}", "0.33"),
+    ("2\\pi", "6.28"),
+    ("x", "40"),
+    ("", "40"),
+    ("40 + y", "40"),
 ]
 HOSTILE = [
-    "__import__('os').system('true')", "exec('print(1)')", "eval('40')", "lambda: 40", "().__class__",
-    "open('/etc/passwd').read()", "9^9^9^9", "2^{10000000}", "10^{10^{10}}", "(" * 500 + "40" + ")" * 500,
-    "\\frac{1}{0}", "1/0", "0^{-1}", "4" * 10_000, "40" + " " * 300, "\\input{/etc/passwd}", "\\def\\x{40}\\x",
-    "Symbol('x')", "40; import os", "40\x00", "\\sqrt[100]{40}", "'40'", "{40", "40}", "\\boxed{40}",
+    "__import__('os').system('true')",
+    "exec('print(1)')",
+    "eval('40')",
+    "lambda: 40",
+    "().__class__",
+    "open('/etc/passwd').read()",
+    "9^9^9^9",
+    "2^{10000000}",
+    "10^{10^{10}}",
+    "(" * 500 + "40" + ")" * 500,
+    "\\frac{1}{0}",
+    "1/0",
+    "0^{-1}",
+    "4" * 10_000,
+    "40" + " " * 300,
+    "\\input{/etc/passwd}",
+    "\\def\\x{40}\\x",
+    "Symbol('x')",
+    "40; import os",
+    "40\x00",
+    "\\sqrt[100]{40}",
+    "'40'",
+    "{40",
+    "40}",
+    "\\boxed{40}",
 ]
 
 
@@ -58,10 +107,16 @@ def test_a_broken_grader_would_be_caught_by_the_sentinel():
     assert events and "exec of code compiled from a string" in events[0]
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("so \\boxed{\\frac{1}{2}} done", "\\frac{1}{2}"), ("\\boxed{1} then \\boxed{2}", "2"), ("\\boxed{", None),
-    ("\\boxed {3}", "3"), ("no box", None),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("so \\boxed{\\frac{1}{2}} done", "\\frac{1}{2}"),
+        ("\\boxed{1} then \\boxed{2}", "2"),
+        ("\\boxed{", None),
+        ("\\boxed {3}", "3"),
+        ("no box", None),
+    ],
+)
 def test_last_boxed(text, expected):
     assert last_boxed(text) == expected
 
@@ -118,7 +173,8 @@ def test_wrong_calls_give_text_feedback_then_last_chance_then_end():
     assert LAST_CHANCE not in text
     second = env.step(_call("-2"))
     assert second.observations[0]["content"][0]["text"].endswith(
-        "Provide your final answer in the form: Answer: \\boxed{$Answer}")  # single braces: quirk not copied
+        "Provide your final answer in the form: Answer: \\boxed{$Answer}"
+    )  # single braces: quirk not copied
     third = env.step(_call("-3"))
     assert third.done and third.reward == 0.0 and third.metadata["turns"] == 3
 
@@ -133,7 +189,7 @@ def test_final_boxed_answer_is_graded_at_once():
 
 def test_bad_tool_call_feedback_and_done_only_on_last_turn():
     env, _, _ = _env(5)
-    for turn in (1, 2):
+    for _ in range(2):
         result = env.step('<tool_call>{"name": "calc_score", "arguments": {}}</tool_call>')
         assert not result.done and "Invalid tool call" in result.observations[0]["content"][0]["text"]
     result = env.step("<tool_call>{}</tool_call>")

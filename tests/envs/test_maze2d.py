@@ -8,8 +8,14 @@ import pytest
 from vlrl.envs import make_env
 from vlrl.envs.maze2d import AGENT, FLOOR, TARGET, TILE, WALL, Maze2DEnv, render_maze
 from vlrl.envs.maze_solver import expert_actions, shortest_path_actions
-from vlrl.envs.maze_text import (FORMAT_INVALID, KEYWORD_INVALID, LEVELS, action_text, parse_keyword_action,
-                                 parse_tuple_action)
+from vlrl.envs.maze_text import (
+    FORMAT_INVALID,
+    KEYWORD_INVALID,
+    LEVELS,
+    action_text,
+    parse_keyword_action,
+    parse_tuple_action,
+)
 from vlrl.messages import load_image
 
 N_SEEDS = 2000
@@ -27,10 +33,13 @@ def _path_lengths(size: int) -> np.ndarray:
 # Reference (envs.md §1, 20k mazes): easy min/median 12, P(<=14)=0.725, P(<=16)=0.94;
 # hard min/median 16, P(<=16)=0.557, P(<=20)=0.85, P(<=24)=0.956. With 2,000 mazes a proportion's
 # standard error is ~0.011, so +-0.04 is a ~4-sigma band: a wrong generator (DFS, Prim) misses it.
-@pytest.mark.parametrize("level,minimum,cdf", [
-    ("easy", 12, {14: 0.725, 16: 0.94}),
-    ("hard", 16, {16: 0.557, 20: 0.85, 24: 0.956}),
-])
+@pytest.mark.parametrize(
+    "level,minimum,cdf",
+    [
+        ("easy", 12, {14: 0.725, 16: 0.94}),
+        ("hard", 16, {16: 0.557, 20: 0.85, 24: 0.956}),
+    ],
+)
 def test_shortest_path_distribution_matches_reference(level, minimum, cdf):
     lengths = _path_lengths(LEVELS[level]["size"])
     assert lengths.min() == minimum
@@ -104,11 +113,11 @@ def test_frame_has_agent_and_goal_at_their_tiles():
     frame, _ = env.reset(seed=7)
     assert frame.shape == (225, 225, 3) and frame.dtype == np.uint8
     (ar, ac), (tr, tc) = env.agent, env.target
-    agent_tile = frame[ar * TILE:(ar + 1) * TILE, ac * TILE:(ac + 1) * TILE]
+    agent_tile = frame[ar * TILE : (ar + 1) * TILE, ac * TILE : (ac + 1) * TILE]
     assert tuple(agent_tile[12, 12]) == AGENT  # centre: the disc
     assert tuple(agent_tile[0, 0]) == FLOOR  # corner: outside radius 6.25
     assert (agent_tile == AGENT).all(axis=2).sum() in range(110, 135)  # ~ pi * 6.25^2 = 123 px
-    assert (frame[tr * TILE:(tr + 1) * TILE, tc * TILE:(tc + 1) * TILE] == TARGET).all()
+    assert (frame[tr * TILE : (tr + 1) * TILE, tc * TILE : (tc + 1) * TILE] == TARGET).all()
     assert (frame[:TILE, :TILE] == WALL).all()
     blue = np.argwhere((frame == AGENT).all(axis=2))
     assert blue.min(0).tolist()[0] >= ar * TILE and blue.max(0).tolist()[0] < (ar + 1) * TILE
@@ -186,6 +195,7 @@ def test_gymnasium_env_checker_passes():
 
 # ------------------------------------------------------------------ text: every feedback string of the spec
 
+
 def _feedback(env, text):
     return env.step(text).metadata["feedback"]
 
@@ -194,45 +204,75 @@ def test_every_feedback_string_is_produced():
     env = make_env("maze2d/easy", {"action_mode": "tuple"}, 0)
     env.init(None)
     start = env.gym_env.agent
-    blocked = next(a for a, (dr, dc) in {0: (0, 1), 1: (-1, 0), 2: (0, -1), 3: (1, 0)}.items()
-                   if env.gym_env.maze_map[start[0] + dr, start[1] + dc] == 1)
+    blocked = next(
+        a
+        for a, (dr, dc) in {0: (0, 1), 1: (-1, 0), 2: (0, -1), 3: (1, 0)}.items()
+        if env.gym_env.maze_map[start[0] + dr, start[1] + dc] == 1
+    )
     assert _feedback(env, f"('move', {blocked})") == "Cannot move into a wall."
     open_move = expert_actions(env.gym_env.maze_map, start, env.gym_env.target)[0]
     assert _feedback(env, f"('move', {open_move})") == "Action executed successfully."
     fb = _feedback(env, "move right please")
     assert fb.startswith("Cannot parse action string 'move right please': ") and fb.endswith(
-        " so the action is invalid.")
+        " so the action is invalid."
+    )
     assert _feedback(env, "('move', 0, 1)") == FORMAT_INVALID
-    assert FORMAT_INVALID == ("The action format is invalid. The action should be a tuple of two elements with the "
-                              "first element being the action name and the second element being the action payload.")
-    assert _feedback(env, "('move', 7)") == "The action 7 is not in the valid action space of move so nothing is executed."
-    assert _feedback(env, "('stop', 'done')") == ("The action done is not in the valid action space of stop so "
-                                                  "nothing is executed.")
+    assert FORMAT_INVALID == (
+        "The action format is invalid. The action should be a tuple of two elements with the "
+        "first element being the action name and the second element being the action payload."
+    )
+    assert (
+        _feedback(env, "('move', 7)") == "The action 7 is not in the valid action space of move so nothing is executed."
+    )
+    assert _feedback(env, "('stop', 'done')") == (
+        "The action done is not in the valid action space of stop so nothing is executed."
+    )
     assert _feedback(env, "('jump', 1)") == "The action name 'jump' is not recognized in the available action space."
     kw = make_env("maze2d/easy", {}, 0)
     kw.init(None)
     assert _feedback(kw, "<action>jump</action>") == KEYWORD_INVALID
-    assert KEYWORD_INVALID == ("Action parsing failed. Could not find a valid action in your response.\nPlease end "
-                               "your response with <action>ACTION</action> where ACTION is one of: down, left, "
-                               "right, stop, up")
+    assert KEYWORD_INVALID == (
+        "Action parsing failed. Could not find a valid action in your response.\nPlease end "
+        "your response with <action>ACTION</action> where ACTION is one of: down, left, "
+        "right, stop, up"
+    )
     result = kw.step("<action>stop</action>")
     assert result.done and result.metadata["feedback"] == "Action executed successfully."
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("('move', 0)", 0), ("I go up: ('move', 1)", 1), ("```python\n('move', 2)\n```", 2), ('("move", 3)', 3),
-    ("('move', 0) then ('stop', 'stop')", 4), ("('move', '0')", None), ("('move', True)", None),
-    ("('move', 0.0)", None), ("__import__('os').system('true')", None), ("", None), ("(" * 10_000, None),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("('move', 0)", 0),
+        ("I go up: ('move', 1)", 1),
+        ("```python\n('move', 2)\n```", 2),
+        ('("move", 3)', 3),
+        ("('move', 0) then ('stop', 'stop')", 4),
+        ("('move', '0')", None),
+        ("('move', True)", None),
+        ("('move', 0.0)", None),
+        ("__import__('os').system('true')", None),
+        ("", None),
+        ("(" * 10_000, None),
+    ],
+)
 def test_tuple_parser(text, expected):
     assert parse_tuple_action(text).action == expected
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("<action>left</action>", 2), ("<ACTION> Right </ACTION>", 0), ("<action>up</action> no, <action>down</action>", 3),
-    ("<action>stop</action>", 4), ("left", None), ("<action>leftt</action>", None), ("<action>left", None),
-    ("<action>__import__</action>", None),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("<action>left</action>", 2),
+        ("<ACTION> Right </ACTION>", 0),
+        ("<action>up</action> no, <action>down</action>", 3),
+        ("<action>stop</action>", 4),
+        ("left", None),
+        ("<action>leftt</action>", None),
+        ("<action>left", None),
+        ("<action>__import__</action>", None),
+    ],
+)
 def test_keyword_parser(text, expected):
     assert parse_keyword_action(text).action == expected
 
@@ -249,8 +289,10 @@ def test_step_counter_prompt():
     assert "Format: `('move', direction)`" in text
     assert text.endswith("\nThis is step 1. You are allowed to take 19 more steps.")
     obs = env.step("('move', 9)").observations[0]["content"][1]["text"]
-    assert obs == ("Environment feedback: The action 9 is not in the valid action space of move so nothing is "
-                   "executed.\n\nThis is step 2. You are allowed to take 18 more steps.")
+    assert obs == (
+        "Environment feedback: The action 9 is not in the valid action space of move so nothing is "
+        "executed.\n\nThis is step 2. You are allowed to take 18 more steps."
+    )
     hard = make_env("maze2d/hard", {"max_turns": 30}, 1)
     text = hard.init(None)[0][0]["content"][1]["text"]
     assert text.startswith("You are navigating a 11x11 maze.") and "<action>ACTION</action>" in text

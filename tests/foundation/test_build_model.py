@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
 from vlrl.cli import main
-
 
 
 def test_build_model_cli_and_load_back(tmp_path, arch, capsys):
@@ -48,7 +46,12 @@ def test_2b_size_has_the_benchmark_shape(arch):
         model = AutoModelForImageTextToText.from_config(cfg)
     n = sum(p.numel() for p in model.parameters())
     t, v = cfg.text_config, cfg.vision_config
-    assert (t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads,
-            t.intermediate_size) == (1536, 28, 12, 2, 8960)
+    assert (t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads, t.intermediate_size) == (
+        1536,
+        28,
+        12,
+        2,
+        8960,
+    )
     assert v.depth == 32
     assert 2.0e9 < n < 2.5e9, n

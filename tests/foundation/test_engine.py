@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from vlrl.checks.logprobs import full_forward_logprobs
 from vlrl.engines.types import SamplingParams
 from vlrl.errors import ContextOverflowError
 from vlrl.messages import image_part
-from vlrl.checks.logprobs import full_forward_logprobs
 
 VISION_IDS = {151652, 151653, 151654, 151655, 151656}
 
@@ -22,10 +22,14 @@ def rgb(h, w, seed=0):
 
 def prompts(renderer):
     single = [{"role": "user", "content": [image_part(rgb(90, 150, 1)), {"type": "text", "text": "Colour?"}]}]
-    multi = [{"role": "user", "content": [image_part(rgb(64, 64, 2)), {"type": "text", "text": "vs"},
-                                          image_part(rgb(112, 80, 3))]},
-             {"role": "assistant", "content": "hm"},
-             {"role": "user", "content": [image_part(rgb(40, 120, 4)), {"type": "text", "text": "and this?"}]}]
+    multi = [
+        {
+            "role": "user",
+            "content": [image_part(rgb(64, 64, 2)), {"type": "text", "text": "vs"}, image_part(rgb(112, 80, 3))],
+        },
+        {"role": "assistant", "content": "hm"},
+        {"role": "user", "content": [image_part(rgb(40, 120, 4)), {"type": "text", "text": "and this?"}]},
+    ]
     return {"single": renderer.render(single), "multi": renderer.render(multi)}
 
 
@@ -59,13 +63,18 @@ def test_never_samples_vision_placeholders_even_when_favoured(tiny, arch):
     try:
         p = prompts(b.renderer)["single"]
         h = torch.randn(1, b.model.get_output_embeddings().in_features)
-        assert int(b.model.get_output_embeddings()(h).argmax()) in VISION_IDS, "the rig did not make vision ids dominant"
+        assert int(b.model.get_output_embeddings()(h).argmax()) in VISION_IDS, (
+            "the rig did not make vision ids dominant"
+        )
         # The contract leaves the vision ids out of the softmax, so even dominant ones do not move
         # the reported logprob: engine and reference still agree.
         g_check = b.engine.generate([p], SamplingParams(temperature=1.0, max_tokens=1, seed=0))[0]
         assert abs(g_check.logprobs[0] - reference_logprobs(b.model, p, g_check, 1.0).item()) <= 1e-4
-        for params in [SamplingParams(temperature=0, max_tokens=16), SamplingParams(temperature=1.0, max_tokens=16, seed=1),
-                       SamplingParams(temperature=5.0, max_tokens=16, seed=2, top_k=3)]:
+        for params in [
+            SamplingParams(temperature=0, max_tokens=16),
+            SamplingParams(temperature=1.0, max_tokens=16, seed=1),
+            SamplingParams(temperature=5.0, max_tokens=16, seed=2, top_k=3),
+        ]:
             g = b.engine.generate([p], params)[0]
             assert not VISION_IDS.intersection(g.token_ids)
     finally:
@@ -77,11 +86,15 @@ def test_seed_reproducible_whatever_the_batch(tiny):
     ps = prompts(b.renderer)
     params = SamplingParams(temperature=1.0, max_tokens=20, seed=123, ignore_eos=True)
     alone = b.engine.generate([ps["single"]], params)[0]
-    together = b.engine.generate([ps["multi"], ps["single"], ps["multi"]],
-                                 [SamplingParams(seed=5, max_tokens=7), params, SamplingParams(seed=6, max_tokens=30)])
+    together = b.engine.generate(
+        [ps["multi"], ps["single"], ps["multi"]],
+        [SamplingParams(seed=5, max_tokens=7), params, SamplingParams(seed=6, max_tokens=30)],
+    )
     assert together[1].token_ids == alone.token_ids
     np.testing.assert_allclose(together[1].logprobs, alone.logprobs, atol=1e-5)
-    other = b.engine.generate([ps["single"]], SamplingParams(temperature=1.0, max_tokens=20, seed=124, ignore_eos=True))[0]
+    other = b.engine.generate(
+        [ps["single"]], SamplingParams(temperature=1.0, max_tokens=20, seed=124, ignore_eos=True)
+    )[0]
     assert other.token_ids != alone.token_ids
 
 
@@ -104,11 +117,15 @@ def test_stop_strings(tiny, include):
     p, full = _first_generation(b)
     tok = b.tokenizer
     # choose a stop string that straddles tokens 5 and 6 of the unconstrained output
-    t5, t6 = tok.decode(full.token_ids[:5], skip_special_tokens=True), tok.decode(full.token_ids[:6], skip_special_tokens=True)
-    stop = t6[len(t5) - 1:] if len(t5) else t6
+    t5, t6 = (
+        tok.decode(full.token_ids[:5], skip_special_tokens=True),
+        tok.decode(full.token_ids[:6], skip_special_tokens=True),
+    )
+    stop = t6[len(t5) - 1 :] if len(t5) else t6
     stop = stop[-3:] if len(stop) > 3 else stop
-    params = SamplingParams(temperature=1.0, max_tokens=40, seed=11, stop=(stop,), include_stop_str_in_output=include,
-                            ignore_eos=True)
+    params = SamplingParams(
+        temperature=1.0, max_tokens=40, seed=11, stop=(stop,), include_stop_str_in_output=include, ignore_eos=True
+    )
     g = b.engine.generate([p], params)[0]
     assert g.finish_reason == "stop" and g.stop_reason == stop
     assert len(g.token_ids) == len(g.logprobs)
@@ -116,18 +133,19 @@ def test_stop_strings(tiny, include):
     first = full.text.find(stop)
     if include:
         assert stop in g.text and g.text.find(stop) == first
-        assert full.token_ids[:len(g.token_ids)] == g.token_ids
+        assert full.token_ids[: len(g.token_ids)] == g.token_ids
     else:
         assert stop not in g.text and len(g.text) <= first
-        assert full.token_ids[:len(g.token_ids)] == g.token_ids
+        assert full.token_ids[: len(g.token_ids)] == g.token_ids
 
 
 def test_stop_token_ids_and_length(tiny):
     b = tiny("qwen2_vl")
     p, full = _first_generation(b)
     target = full.token_ids[7]
-    g = b.engine.generate([p], SamplingParams(temperature=1.0, max_tokens=40, seed=11, stop_token_ids=(target,),
-                                              ignore_eos=True))[0]
+    g = b.engine.generate(
+        [p], SamplingParams(temperature=1.0, max_tokens=40, seed=11, stop_token_ids=(target,), ignore_eos=True)
+    )[0]
     assert g.finish_reason == "stop" and g.stop_reason == target
     assert g.token_ids[-1] == target and target not in g.token_ids[:-1]
     short = b.engine.generate([p], SamplingParams(temperature=1.0, max_tokens=5, seed=11, ignore_eos=True))[0]
@@ -152,8 +170,12 @@ def test_concurrent_requests_from_coroutines(tiny):
     ps = prompts(b.renderer)
 
     async def many():
-        return await asyncio.gather(*[b.engine.agenerate(ps["single" if i % 2 else "multi"],
-                                                         SamplingParams(seed=i, max_tokens=6)) for i in range(12)])
+        return await asyncio.gather(
+            *[
+                b.engine.agenerate(ps["single" if i % 2 else "multi"], SamplingParams(seed=i, max_tokens=6))
+                for i in range(12)
+            ]
+        )
 
     outs = asyncio.run(many())
     solo = b.engine.generate([ps["single"]], SamplingParams(seed=3, max_tokens=6))[0]
@@ -166,7 +188,11 @@ def test_update_weights_in_memory(tiny):
     p = prompts(b.renderer)["single"]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     before, sum_before = e.generate([p], params)[0], e.weights_checksum()
-    name = "lm_head.weight" if "lm_head.weight" in dict(e.model.named_parameters()) else "model.language_model.embed_tokens.weight"
+    name = (
+        "lm_head.weight"
+        if "lm_head.weight" in dict(e.model.named_parameters())
+        else "model.language_model.embed_tokens.weight"
+    )
     old = dict(e.model.named_parameters())[name].detach().clone()
     try:
         v = e.update_weights({name: old + torch.randn_like(old) * 0.5})

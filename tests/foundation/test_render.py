@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from vlrl.errors import BadInputError
-from vlrl.messages import ImageLimits, image_hash, image_part, load_image
-from vlrl.messages import TURN_TOKENS
+from vlrl.messages import TURN_TOKENS, ImageLimits, image_hash, image_part, load_image
 from vlrl.render.embedded import RESERVED_IN_TEXT
 
 IMAGE_PAD = 151655
@@ -67,18 +66,40 @@ def test_multi_image_multi_turn(tiny, arch):
     assert p.text.endswith("<|im_start|>assistant\n")
     # the rendered text is the template's, independently: re-derive it with the tokenizer's template
     expected = r.tokenizer.apply_chat_template(
-        [{**m, "content": [{"type": "image"} if c.get("type") == "image_url" else c for c in m["content"]]}
-         if isinstance(m["content"], list) else m for m in msgs], tokenize=False, add_generation_prompt=True)
+        [
+            {**m, "content": [{"type": "image"} if c.get("type") == "image_url" else c for c in m["content"]]}
+            if isinstance(m["content"], list)
+            else m
+            for m in msgs
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert p.text == expected
 
 
 IMAGE_SIZES = st.tuples(st.integers(1, 160), st.integers(1, 160))
-LOOKALIKES = ["<|image_pad |>", "<image>", "<|imagepad|>", "|>", "<|", "<|im_start|>", "<think>", "<tool_call>",
-              "<|vision_start", "image_pad", "\n", "🙂", "ü"]
+LOOKALIKES = [
+    "<|image_pad |>",
+    "<image>",
+    "<|imagepad|>",
+    "|>",
+    "<|",
+    "<|im_start|>",
+    "<think>",
+    "<tool_call>",
+    "<|vision_start",
+    "image_pad",
+    "\n",
+    "🙂",
+    "ü",
+]
 TEXT = st.lists(st.one_of(st.sampled_from(LOOKALIKES), st.text(max_size=10)), max_size=4).map("".join)
 PART = st.one_of(TEXT.map(lambda t: ("text", t)), IMAGE_SIZES.map(lambda s: ("image", s)))
-MESSAGE = st.tuples(st.sampled_from(["system", "user", "assistant", "tool"]),
-                    st.one_of(TEXT.map(lambda t: ("str", t)), st.lists(PART, min_size=1, max_size=3)))
+MESSAGE = st.tuples(
+    st.sampled_from(["system", "user", "assistant", "tool"]),
+    st.one_of(TEXT.map(lambda t: ("str", t)), st.lists(PART, min_size=1, max_size=3)),
+)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -99,8 +120,10 @@ def test_random_conversations(tiny, arch, conv, seed):
                 images.append(im)
                 parts.append(image_part(im))
         msgs.append({"role": role, "content": parts})
-    texts = [m["content"] if isinstance(m["content"], str) else "".join(p.get("text", "") for p in m["content"])
-             for m in msgs]
+    texts = [
+        m["content"] if isinstance(m["content"], str) else "".join(p.get("text", "") for p in m["content"])
+        for m in msgs
+    ]
     if any(tok in t for t in texts for tok in RESERVED_IN_TEXT):  # look-alikes can join into a real token
         with pytest.raises(BadInputError, match="reserved vision token"):
             r.render(msgs)
@@ -152,12 +175,15 @@ def test_bad_input_names_message_and_part(tiny, case):
     assert needle in str(info.value)
 
 
-@pytest.mark.parametrize("msgs,needle,mi", [
-    ([{"role": "robot", "content": "x"}], "unknown role 'robot'", 0),
-    ([{"role": "user", "content": "x"}, {"role": "user", "content": 5}], "content must be", 1),
-    ([{"role": "user"}], "content must be", 0),
-    ([], "non-empty list", None),
-])
+@pytest.mark.parametrize(
+    "msgs,needle,mi",
+    [
+        ([{"role": "robot", "content": "x"}], "unknown role 'robot'", 0),
+        ([{"role": "user", "content": "x"}, {"role": "user", "content": 5}], "content must be", 1),
+        ([{"role": "user"}], "content must be", 0),
+        ([], "non-empty list", None),
+    ],
+)
 def test_bad_messages(tiny, msgs, needle, mi):
     with pytest.raises(BadInputError) as info:
         tiny("qwen2_5_vl").renderer.render(msgs)

@@ -19,18 +19,21 @@ def conversations():
     return [
         [{"role": "user", "content": "text only"}],
         [{"role": "user", "content": [image_part(rgb(90, 150, 2)), {"type": "text", "text": "one"}]}],
-        [{"role": "system", "content": [image_part(rgb(28, 300, 3)), {"type": "text", "text": "sys"}]},
-         {"role": "user", "content": [same, {"type": "text", "text": "a"}, image_part(rgb(112, 80, 4)), same]},
-         {"role": "assistant", "content": "b"},
-         {"role": "user", "content": [image_part(rgb(40, 120, 5)), {"type": "text", "text": "c"}]}],
+        [
+            {"role": "system", "content": [image_part(rgb(28, 300, 3)), {"type": "text", "text": "sys"}]},
+            {"role": "user", "content": [same, {"type": "text", "text": "a"}, image_part(rgb(112, 80, 4)), same]},
+            {"role": "assistant", "content": "b"},
+            {"role": "user", "content": [image_part(rgb(40, 120, 5)), {"type": "text", "text": "c"}]},
+        ],
     ]
 
 
 def processor_render(renderer, messages):
     """What the renderer did before the cache: the whole processor call on the template text and all images."""
     prepared = prepare_messages(messages, limits=renderer.limits)
-    text = renderer.processor.apply_chat_template(_template_messages(prepared.messages), tokenize=False,
-                                                  add_generation_prompt=True)
+    text = renderer.processor.apply_chat_template(
+        _template_messages(prepared.messages), tokenize=False, add_generation_prompt=True
+    )
     return renderer.processor(text=[text], images=list(prepared.images) or None, return_tensors="pt")
 
 
@@ -60,7 +63,9 @@ def test_a_turn_processes_only_its_new_image_and_the_cache_is_bounded(tiny, monk
         renderer, messages = EmbeddedRenderer(base.processor, cache_images=size), []
         calls.clear()
         for turn in range(5):
-            messages += [{"role": "user", "content": [image_part(rgb(56, 56, 10 + turn)), {"type": "text", "text": "go"}]}]
+            messages += [
+                {"role": "user", "content": [image_part(rgb(56, 56, 10 + turn)), {"type": "text", "text": "go"}]}
+            ]
             renderer.render(messages)
             messages += [{"role": "assistant", "content": "ok"}]
             if size == 10:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from vlrl.models.tokenizer import build_tokenizer, special_tokens
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tok(arch: str = "qwen2_5_vl"):
     return build_tokenizer(arch, chat_template="")
 

@@ -19,7 +19,8 @@ FAKE = {
         "@torch.library.register_fake('torchvision::nms')\n"
         "def meta_nms(dets, scores, iou_threshold):\n    return dets.new_empty(0, dtype=torch.long)\n\n"
         "@torch.library.register_fake('torchvision::qnms')\n"
-        "def meta_qnms(dets, scores, iou_threshold):\n    return dets.new_empty(0, dtype=torch.long)\n"),
+        "def meta_qnms(dets, scores, iou_threshold):\n    return dets.new_empty(0, dtype=torch.long)\n"
+    ),
 }
 
 
@@ -39,15 +40,18 @@ def test_without_the_guard_torchvision_fails_to_import(tmp_path):
 
 
 def test_import_vlrl_first_makes_torchvision_import(tmp_path):
-    code = ("import vlrl, torch, torchvision; print(torchvision.__file__); "
-            "print(torch.ops.torchvision.nms.default._schema)")
+    code = (
+        "import vlrl, torch, torchvision; print(torchvision.__file__); print(torch.ops.torchvision.nms.default._schema)"
+    )
     out = _run(tmp_path, code)
     assert out.returncode == 0, out.stderr
     assert str(tmp_path) in out.stdout and "nms(Tensor dets, Tensor scores, float iou_threshold)" in out.stdout
 
 
 def test_the_real_torchvision_imports_and_transforms_work():
-    code = ("import vlrl, torch; from torchvision.transforms.v2 import functional as F; "
-            "print(tuple(F.resize(torch.zeros(3, 8, 8), [4, 4]).shape))")
+    code = (
+        "import vlrl, torch; from torchvision.transforms.v2 import functional as F; "
+        "print(tuple(F.resize(torch.zeros(3, 8, 8), [4, 4]).shape))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "(3, 4, 4)", out.stderr

@@ -33,7 +33,7 @@ def read_golden(path: Path):
     lines = path.read_text(encoding="utf-8").splitlines()
     cut = lines.index("---")
     tokens = []
-    for line in lines[cut + 1:]:
+    for line in lines[cut + 1 :]:
         _, mask, _, rest = line.split(None, 3)
         run = re.fullmatch(r"(.*) x(\d+)", rest)
         text, count = (run.group(1), int(run.group(2))) if run else (rest, 1)
@@ -100,11 +100,13 @@ def test_golden_is_derivable_independently(vlrl_model_dir, arch, scenario):
     grids = [resized_grid(w, h, cfg) for w, h in image_sizes(messages)]
     # Text: the template's, minus the newline after the last turn, with each pad run expanded.
     pieces = template_text(messages).removesuffix("\n").split("<|image_pad|>")
-    want = pieces[0] + "".join("<|image_pad|>" * (gh * gw // cfg["merge_size"] ** 2) + p
-                               for (gh, gw), p in zip(grids, pieces[1:]))
+    want = pieces[0] + "".join(
+        "<|image_pad|>" * (gh * gw // cfg["merge_size"] ** 2) + p for (gh, gw), p in zip(grids, pieces[1:])
+    )
     assert "".join(t for _, t in tokens) == want
-    assert [line.split("grid ")[1].split("]")[0] + "]" for line in header if line.startswith("image ")] == \
-        [str([1, gh, gw]) for gh, gw in grids]
+    assert [line.split("grid ")[1].split("]")[0] + "]" for line in header if line.startswith("image ")] == [
+        str([1, gh, gw]) for gh, gw in grids
+    ]
     # Loss mask: exactly the replies (plus the generated end of turn when no stop string cut them).
     replies = [m["content"] for m in messages if m["role"] == "assistant"]
     runs, current = [], None

@@ -34,10 +34,10 @@ def test_diff_names_the_first_divergence_and_mask_changes():
     text = (ROOT / "golden" / "qwen2_5_vl" / "stop_string_eos.golden").read_text()
     lines = text.splitlines()
     at = next(i for i, line in enumerate(lines) if line.split()[1:2] == ["1"])
-    changed = lines[:at] + [lines[at].replace("  1  ", "  0  ", 1)] + lines[at + 1:]
+    changed = lines[:at] + [lines[at].replace("  1  ", "  0  ", 1)] + lines[at + 1 :]
     report = golden_diff(text, "\n".join(changed) + "\n")
     assert "loss-mask changes at 1 tokens" in report and "1->0" in report
-    swapped = lines[:at] + [lines[at + 1], lines[at]] + lines[at + 2:]
+    swapped = lines[:at] + [lines[at + 1], lines[at]] + lines[at + 2 :]
     report = golden_diff(text, "\n".join(swapped) + "\n")
     index = int(lines[at].split()[0])
     assert f"first token divergence at index {index}" in report

@@ -10,14 +10,23 @@ import os
 import pytest
 import torch
 
-from vlrl.train.checkpoint import (RunState, latest_checkpoint, load_checkpoint, remove_partial,
-                                   save_checkpoint)
+from vlrl.train.checkpoint import RunState, latest_checkpoint, load_checkpoint, remove_partial, save_checkpoint
 from vlrl.train.config import load_config
 from vlrl.train.loop import train
 
-TINY = ("sft.steps=3", "sft.rows_per_step=4", "rollout.rows_per_step=4", "rollout.repeats=2", "data.eval_rows=4",
-        "data.train_rows=16", "run.steps=1", "run.eval_every=0", "run.samples=1", "run.progress=False",
-        "run.checkpoint_every=1")
+TINY = (
+    "sft.steps=3",
+    "sft.rows_per_step=4",
+    "rollout.rows_per_step=4",
+    "rollout.repeats=2",
+    "data.eval_rows=4",
+    "data.train_rows=16",
+    "run.steps=1",
+    "run.eval_every=0",
+    "run.samples=1",
+    "run.progress=False",
+    "run.checkpoint_every=1",
+)
 
 
 class Crash(Exception):
@@ -80,13 +89,24 @@ def test_resume_mid_sft_continues_exactly_and_trims_the_logs(tmp_path):
     full = tmp_path / "full"
     train(load_config("color_square", [*TINY, f"run.out={full}"]))
     sft_rows = [json.loads(x) for x in (full / "metrics.jsonl").read_text().splitlines() if '"sft"' in x]
-    assert sorted(p.name for p in (full / "checkpoints").iterdir()) == ["sft_000001", "sft_000002", "step_000000",
-                                                                       "step_000001"]
+    assert sorted(p.name for p in (full / "checkpoints").iterdir()) == [
+        "sft_000001",
+        "sft_000002",
+        "step_000000",
+        "step_000001",
+    ]
     # resume from the first SFT checkpoint, in place: logs after it are cut, newer checkpoints dropped, SFT goes on
     train(load_config("color_square", [*TINY, f"run.out={full}", f"run.resume={full / 'checkpoints' / 'sft_000001'}"]))
     again = [json.loads(x) for x in (full / "metrics.jsonl").read_text().splitlines()]
-    assert [(m["phase"], m["step"]) for m in again] == [("eval", 0), ("sft", 1), ("sft", 2), ("sft", 3), ("eval", 0),
-                                                        ("rl", 1), ("eval", 1)]
+    assert [(m["phase"], m["step"]) for m in again] == [
+        ("eval", 0),
+        ("sft", 1),
+        ("sft", 2),
+        ("sft", 3),
+        ("eval", 0),
+        ("rl", 1),
+        ("eval", 1),
+    ]
     assert [m["loss"] for m in again if m["phase"] == "sft"] == [m["loss"] for m in sft_rows]
     summary = json.loads((full / "summary.json").read_text())
     assert summary["eval_before"] == again[0]["eval_reward_mean"]

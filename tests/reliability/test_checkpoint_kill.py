@@ -30,9 +30,20 @@ from vlrl.train.loop import train
 
 KILLS = 3
 WINDOW = 7.0  # seconds; the run below works about 8 s on the 2-core CPU
-RUN = ("sft.steps=3", "sft.rows_per_step=4", "rollout.rows_per_step=4", "rollout.repeats=2", "data.eval_rows=4",
-       "data.train_rows=16", "run.steps=3", "run.checkpoint_every=1", "run.eval_every=2", "run.samples=1",
-       "run.progress=False", "algo.kl_coef=0.05")
+RUN = (
+    "sft.steps=3",
+    "sft.rows_per_step=4",
+    "rollout.rows_per_step=4",
+    "rollout.repeats=2",
+    "data.eval_rows=4",
+    "data.train_rows=16",
+    "run.steps=3",
+    "run.checkpoint_every=1",
+    "run.eval_every=2",
+    "run.samples=1",
+    "run.progress=False",
+    "algo.kl_coef=0.05",
+)
 
 
 def start(out: Path) -> subprocess.Popen:
@@ -86,8 +97,9 @@ def test_sigkill_at_random_instants_then_resume_is_the_uninterrupted_run(tmp_pat
     assert summary["eval_before"] == before["eval_reward_mean"] is not None, where
     checkpoints = out / "checkpoints"
     assert not [p.name for p in checkpoints.iterdir() if p.name.startswith(".")], f"{where}: leftovers"
-    assert sorted(p.name for p in checkpoints.iterdir()) == sorted(p.name for p in (reference / "checkpoints")
-                                                                      .iterdir()), where
+    assert sorted(p.name for p in checkpoints.iterdir()) == sorted(
+        p.name for p in (reference / "checkpoints").iterdir()
+    ), where
     for path in checkpoints.iterdir():
         RunState.from_json((path / "state.json").read_text())
         torch.load(path / "model.pt", weights_only=True)
@@ -105,8 +117,8 @@ def tensorboard_counts(folder: Path) -> Counter:
     for path in folder.glob("events.out.tfevents.*"):
         data, at = path.read_bytes(), 0
         while at + 12 <= len(data):
-            (length,) = struct.unpack("<Q", data[at:at + 8])
-            event = Event.FromString(data[at + 12:at + 12 + length])
+            (length,) = struct.unpack("<Q", data[at : at + 8])
+            event = Event.FromString(data[at + 12 : at + 12 + length])
             at += 12 + length + 4
             for value in event.summary.value:
                 if not value.tag.endswith("/time"):

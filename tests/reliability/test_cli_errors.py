@@ -26,8 +26,12 @@ def no_model_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise ModelLoaded("a model was loaded before the input was checked")
 
-    for module, name in ((vlrl.models.load, "load_model"), (vlrl.models.load, "load_processor"),
-                         (vlrl.models.build, "cached_model_dir"), (vlrl.models.build, "write_checkpoint")):
+    for module, name in (
+        (vlrl.models.load, "load_model"),
+        (vlrl.models.load, "load_processor"),
+        (vlrl.models.build, "cached_model_dir"),
+        (vlrl.models.build, "write_checkpoint"),
+    ):
         monkeypatch.setattr(module, name, refuse)
 
 
@@ -64,8 +68,11 @@ def cases(d) -> list[tuple[list[str], int, str]]:
         (["dataset", "--env", "nope", "--out", str(d / "ds")], 2, "unknown env_class 'nope'"),
         (["dataset", "--env", "color_square", "--train", "-3", "--out", str(d / "ds")], 2, "below the minimum"),
         (["dataset", "--env", "color_square", "--extras", "[1]", "--out", str(d / "ds")], 2, "JSON object"),
-        (["dataset", "--env", "gym/os:Nope-v0", "--extras", '{"keywords": {"a": 0}}', "--out", str(d / "ds")], 2,
-         "'module:' prefix"),
+        (
+            ["dataset", "--env", "gym/os:Nope-v0", "--extras", '{"keywords": {"a": 0}}', "--out", str(d / "ds")],
+            2,
+            "'module:' prefix",
+        ),
         (["check-env", "no_such_module_xyz:make"], 2, "cannot load target"),
         (["check-env", "color_square", "--episodes", "0"], 2, "below the minimum"),
         (["train", "color_square", "run.agreement=lgo"], 2, "run.agreement = 'lgo': expected one of"),
@@ -79,8 +86,17 @@ def cases(d) -> list[tuple[list[str], int, str]]:
         (["rollout", "--rows", "-3"], 2, "--rows: -3 is below the minimum of 1"),
         (["rollout", "--repeats", "0"], 2, "below the minimum"),
         (["rollout", "--env", "nope"], 2, "unknown env_class"),
-        (["rollout", "--env", "gym/CartPole-v1", "--extras", '{"keywords": {"l": 0}, "make_kwargs": '
-          '{"render_mode": "human"}}'], 2, "may not set 'render_mode'"),
+        (
+            [
+                "rollout",
+                "--env",
+                "gym/CartPole-v1",
+                "--extras",
+                '{"keywords": {"l": 0}, "make_kwargs": {"render_mode": "human"}}',
+            ],
+            2,
+            "may not set 'render_mode'",
+        ),
         (["rollout", "--data", str(d / "missing.parquet")], 1, "no such file"),
         (["rollout", "--data", str(d / "bad.parquet")], 1, "not a readable parquet dataset"),
         (["report", str(d / "no_run")], 2, "does not exist"),

@@ -15,15 +15,28 @@ import pytest
 from vlrl.errors import ConfigError
 from vlrl.train.config import SECTIONS, load_config
 
-FREE_TEXT = {("model", "path"), ("model", "device"), ("data", "env"), ("sft", "expert"), ("run", "out"),
-             ("run", "resume"), ("rollout", "stop"),
-             ("algo", "advantage"), ("algo", "policy_loss"), ("algo", "loss_agg"), ("algo", "kl_estimator"),
-             ("algo", "correction_level"), ("algo", "correction_mode")}
+FREE_TEXT = {
+    ("model", "path"),
+    ("model", "device"),
+    ("data", "env"),
+    ("sft", "expert"),
+    ("run", "out"),
+    ("run", "resume"),
+    ("rollout", "stop"),
+    ("algo", "advantage"),
+    ("algo", "policy_loss"),
+    ("algo", "loss_agg"),
+    ("algo", "kl_estimator"),
+    ("algo", "correction_level"),
+    ("algo", "correction_mode"),
+}
 """String fields that are not fixed choices: paths, stop strings, and names in registries users extend
 (envs, experts, algorithm parts), each checked against its registry at parse (tested below)."""
 UNBOUNDED = {("data", "extras")}
-KNOWN_GAPS = {("algo", "loss_norm_len"): "AlgoConfig (vlrl/algos/config.py) checks loss_norm_len only when "
-                                         "loss_agg is seq_mean_token_sum_norm"}
+KNOWN_GAPS = {
+    ("algo", "loss_norm_len"): "AlgoConfig (vlrl/algos/config.py) checks loss_norm_len only when "
+    "loss_agg is seq_mean_token_sum_norm"
+}
 
 
 def fields_of(kind):
@@ -45,16 +58,26 @@ def is_number(options) -> bool:
 
 
 CHOICES = sorted((s, n) for s, n, _ in fields_of(is_choice))
-NUMBERS = [pytest.param(s, n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[(s, n)]))
-           if (s, n) in KNOWN_GAPS else (s, n)
-           for s, n in sorted((s, n) for s, n, _ in fields_of(is_number) if (s, n) not in UNBOUNDED)]
+NUMBERS = [
+    pytest.param(s, n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[(s, n)]))
+    if (s, n) in KNOWN_GAPS
+    else (s, n)
+    for s, n in sorted((s, n) for s, n, _ in fields_of(is_number) if (s, n) not in UNBOUNDED)
+]
 
 
 def test_every_string_field_is_a_literal_or_known_free_text():
     strings = {(s, n) for s, n, _ in fields_of(lambda o: str in o)}
     assert strings - FREE_TEXT == set(), "a string field that is neither a Literal choice nor known free text"
-    assert {("run", "agreement"), ("rollout", "engine"), ("rollout", "mode"), ("model", "arch"), ("model", "size"),
-            ("model", "dtype"), ("model", "attention")} <= set(CHOICES)
+    assert {
+        ("run", "agreement"),
+        ("rollout", "engine"),
+        ("rollout", "mode"),
+        ("model", "arch"),
+        ("model", "size"),
+        ("model", "dtype"),
+        ("model", "attention"),
+    } <= set(CHOICES)
 
 
 @pytest.mark.parametrize("section, name", CHOICES)
@@ -71,10 +94,25 @@ def test_a_negative_number_is_refused_naming_the_key(section, name):
     assert name in str(err.value) or stem in str(err.value), str(err.value)
 
 
-@pytest.mark.parametrize("override", ["algo.advantage=grpoo", "algo.kl_estimator=k9", "rollout.temperature=0", "rollout.top_p=1.5", "optim.betas=(0.9,)",
-                                      "model.device=gpu", "rollout.repeats=0", "data.train_rows=0",
-                                      "rollout.stop=['']", "data.env=no_such_env", "sft.expert=no_such_expert",
-                                      "rollout.max_tokens=3.5", "run.progress=maybe", "[model]=1"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "algo.advantage=grpoo",
+        "algo.kl_estimator=k9",
+        "rollout.temperature=0",
+        "rollout.top_p=1.5",
+        "optim.betas=(0.9,)",
+        "model.device=gpu",
+        "rollout.repeats=0",
+        "data.train_rows=0",
+        "rollout.stop=['']",
+        "data.env=no_such_env",
+        "sft.expert=no_such_expert",
+        "rollout.max_tokens=3.5",
+        "run.progress=maybe",
+        "[model]=1",
+    ],
+)
 def test_other_impossible_values_are_refused(override):
     with pytest.raises(ConfigError):
         load_config("color_square", [override, "sft.steps=1"])

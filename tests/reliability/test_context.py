@@ -16,8 +16,18 @@ from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
 from vlrl.train.config import load_config
 from vlrl.train.loop import NothingToTrainError, train
 
-SMALL = ("sft.steps=1", "sft.rows_per_step=2", "rollout.rows_per_step=2", "rollout.repeats=2", "data.eval_rows=2",
-         "data.train_rows=4", "run.steps=1", "run.eval_every=0", "run.samples=0", "run.progress=False")
+SMALL = (
+    "sft.steps=1",
+    "sft.rows_per_step=2",
+    "rollout.rows_per_step=2",
+    "rollout.repeats=2",
+    "data.eval_rows=2",
+    "data.train_rows=4",
+    "run.steps=1",
+    "run.eval_every=0",
+    "run.samples=0",
+    "run.progress=False",
+)
 
 
 @pytest.mark.parametrize("mode", ["multi_turn", "step"])
@@ -57,7 +67,9 @@ def test_train_with_a_too_small_context_fails_with_the_numbers(tmp_path, vlrl_mo
 
 
 def test_a_step_with_nothing_to_train_on_is_an_error(tmp_path, faulty_env):
-    cfg = load_config("color_square", [*SMALL, "sft.steps=0", f"data.env={faulty_env}",
-                                       "data.extras={'init_raises': True}", f"run.out={tmp_path}"])
+    cfg = load_config(
+        "color_square",
+        [*SMALL, "sft.steps=0", f"data.env={faulty_env}", "data.extras={'init_raises': True}", f"run.out={tmp_path}"],
+    )
     with pytest.raises(NothingToTrainError, match=r"RL step 1: none of the 4 episodes .*env_error.*faulty env init"):
         train(cfg)

@@ -40,8 +40,9 @@ def test_assistant_text_keeps_its_tokens_and_vision_tokens_are_refused_everywher
 
 def test_an_env_faking_a_turn_ends_only_its_episode(tiny, faulty_env):
     bundle = tiny("qwen2_vl")
-    gen = RolloutGenerator(bundle.renderer, bundle.engine,
-                           RolloutConfig(sampling=SamplingParams(max_tokens=3), progress=False))
+    gen = RolloutGenerator(
+        bundle.renderer, bundle.engine, RolloutConfig(sampling=SamplingParams(max_tokens=3), progress=False)
+    )
     faked, late, good = gen.run([faulty_row(1, first="control"), faulty_row(2, late="control"), faulty_row(3)])
     assert faked.stop_reason == late.stop_reason == "env_error" and "control token" in late.error
     assert good.stop_reason == "done"

@@ -24,10 +24,14 @@ def corruptions(text: str) -> dict[str, tuple[str, int]]:
         "truncated mid-row": ("\n".join(lines[:body]) + "\n" + lines[body][:9], body + 1),
         "truncated at a row boundary": ("\n".join(lines[:-3]) + "\n", len(lines) - 3),
         "header only": ("\n".join(lines[:cut]) + "\n", cut),
-        "mask garbled": ("\n".join(lines[:body] + [lines[body].replace("  -  ", "  ?  ", 1)] + lines[body + 1:]),
-                         body + 1),
-        "id not a number": ("\n".join(lines[:body] + [lines[body].replace("  -  ", "  -  x", 1)] + lines[body + 1:]),
-                            body + 1),
+        "mask garbled": (
+            "\n".join(lines[:body] + [lines[body].replace("  -  ", "  ?  ", 1)] + lines[body + 1 :]),
+            body + 1,
+        ),
+        "id not a number": (
+            "\n".join(lines[:body] + [lines[body].replace("  -  ", "  -  x", 1)] + lines[body + 1 :]),
+            body + 1,
+        ),
     }
 
 

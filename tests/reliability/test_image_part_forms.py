@@ -27,8 +27,10 @@ def forms() -> dict[str, dict]:
         "image_url bare string": {"type": "image_url", "image_url": data_uri},
         "image with data URI": {"type": "image", "image": data_uri},
         "image with PIL image": {"type": "image", "image": Image.fromarray(PIXELS)},
-        "image with PIL image (lazy, from a file)": {"type": "image", "image": Image.open(io.BytesIO(
-            url_part_bytes(data_uri)))},
+        "image with PIL image (lazy, from a file)": {
+            "type": "image",
+            "image": Image.open(io.BytesIO(url_part_bytes(data_uri))),
+        },
         "image with array": {"type": "image", "image": PIXELS},
         "image with url": {"type": "image", "url": data_uri},
         "image with image_url": {"type": "image", "image_url": {"url": data_uri}},
@@ -68,9 +70,14 @@ def test_every_form_renders_identically(tiny):
         assert np.array_equal(r.pixel_values, first.pixel_values), form
 
 
-@pytest.mark.parametrize("raw, mime", [(transparent_images()["RGBA"], "image/png"),
-                                       (transparent_images()["P_tRNS"], "image/png"),
-                                       (jpeg_bytes(Image.fromarray(rgb(20, 36)), 6), "image/jpeg")])
+@pytest.mark.parametrize(
+    "raw, mime",
+    [
+        (transparent_images()["RGBA"], "image/png"),
+        (transparent_images()["P_tRNS"], "image/png"),
+        (jpeg_bytes(Image.fromarray(rgb(20, 36)), 6), "image/jpeg"),
+    ],
+)
 def test_canonical_part_decodes_plainly_to_the_model_pixels(raw, mime):
     """Images a plain decoder would read differently (alpha, palette transparency, EXIF rotation) travel
     as a PNG of the decoded pixels: whatever decodes them next sees exactly what the model receives."""
@@ -81,11 +88,15 @@ def test_canonical_part_decodes_plainly_to_the_model_pixels(raw, mime):
     assert np.array_equal(np.asarray(plain), np.asarray(prepared.images[0]))
 
 
-@pytest.mark.parametrize("part, needle", [
-    ({"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}, "data URI"),
-    ({"type": "image"}, "no 'image' value"),
-    ({"type": "image", "image": 3}, "must be a PIL image"),
-    ({"type": "image_url", "image_url": {"href": "x"}}, "no 'url' string")])
+@pytest.mark.parametrize(
+    "part, needle",
+    [
+        ({"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}, "data URI"),
+        ({"type": "image"}, "no 'image' value"),
+        ({"type": "image", "image": 3}, "must be a PIL image"),
+        ({"type": "image_url", "image_url": {"href": "x"}}, "no 'url' string"),
+    ],
+)
 def test_unaccepted_forms_are_refused_naming_message_and_part(part, needle):
     with pytest.raises(BadInputError, match=needle) as err:
         normalize_messages(conversation(part))

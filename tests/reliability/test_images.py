@@ -16,8 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image, ImageOps
-from reliability_helpers import (bomb_png, faulty_row, jpeg_bytes, png_bytes, rgb, sixteen_bit_png,
-                                 transparent_images, url_part)
+from reliability_helpers import (
+    bomb_png,
+    faulty_row,
+    jpeg_bytes,
+    png_bytes,
+    rgb,
+    sixteen_bit_png,
+    transparent_images,
+    url_part,
+)
 
 from vlrl.checks.envs import check_env
 from vlrl.engines.types import SamplingParams
@@ -25,10 +33,12 @@ from vlrl.errors import BadInputError
 from vlrl.messages import image_hash, image_part, load_image, normalize_messages, text_part
 from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
 
-HOSTILE = {"bomb over vlrl's budget": url_part(bomb_png(5000, 5000)),
-           "bomb over PIL's own limit": url_part(bomb_png(20_000, 20_000)),
-           "aspect ratio 300": image_part(rgb(1, 300)),
-           "aspect ratio 250 (array)": {"type": "image", "image": rgb(250, 1)}}
+HOSTILE = {
+    "bomb over vlrl's budget": url_part(bomb_png(5000, 5000)),
+    "bomb over PIL's own limit": url_part(bomb_png(20_000, 20_000)),
+    "aspect ratio 300": image_part(rgb(1, 300)),
+    "aspect ratio 250 (array)": {"type": "image", "image": rgb(250, 1)},
+}
 RENDER_CFG = RolloutConfig(sampling=SamplingParams(max_tokens=3), progress=False)
 
 
@@ -38,8 +48,11 @@ def conversation(part: dict) -> list[dict]:
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 def test_hostile_images_are_bad_input_naming_message_and_part(tiny, case):
-    for refuse in (lambda m: normalize_messages(m), lambda m: tiny("qwen2_vl").renderer.render(m),
-                   lambda m: load_image(m[1]["content"][1], message_index=1, part_index=1)):
+    for refuse in (
+        lambda m: normalize_messages(m),
+        lambda m: tiny("qwen2_vl").renderer.render(m),
+        lambda m: load_image(m[1]["content"][1], message_index=1, part_index=1),
+    ):
         with pytest.raises(BadInputError) as err:
             refuse(conversation(HOSTILE[case]))
         assert (err.value.message_index, err.value.part_index) == (1, 1), case
@@ -54,8 +67,9 @@ def test_aspect_ratio_at_the_limit_renders():
 def test_check_env_reports_hostile_images_instead_of_crashing(faulty_env, kind):
     from vlrl.envs import env_factory
 
-    report = check_env(env_factory(faulty_env, {"first": kind}), name=kind, n_episodes=1, n_hostile=0,
-                       raise_on_failure=False)
+    report = check_env(
+        env_factory(faulty_env, {"first": kind}), name=kind, n_episodes=1, n_hostile=0, raise_on_failure=False
+    )
     assert not report.ok and {f.check for f in report.failures} == {"images"}, report.summary()
 
 
@@ -124,8 +138,10 @@ def test_the_hash_is_of_the_pixels_the_model_receives(tiny):
     """An RGBA PNG and the RGB PNG of its composite are the same model input: same hash, same tensors."""
     rgba_raw = transparent_images()["RGBA"]
     flattened = png_bytes(load_image(url_part(rgba_raw)))
-    renders = [tiny("qwen2_5_vl").renderer.render([{"role": "user", "content": [url_part(raw)]}])
-               for raw in (rgba_raw, flattened)]
+    renders = [
+        tiny("qwen2_5_vl").renderer.render([{"role": "user", "content": [url_part(raw)]}])
+        for raw in (rgba_raw, flattened)
+    ]
     assert renders[0].image_hashes == renders[1].image_hashes
     assert np.array_equal(renders[0].pixel_values, renders[1].pixel_values)
     rotated = jpeg_bytes(Image.fromarray(rgb(20, 36)), 6)

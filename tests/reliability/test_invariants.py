@@ -25,8 +25,15 @@ from vlrl.rollout.splice import PrefixError
 from vlrl.train.config import load_config
 from vlrl.train.run import Run
 
-EVAL = ("sft.steps=0", "data.eval_rows=4", "data.train_rows=4", "run.samples=4", "run.progress=False",
-        "rollout.eval_temperature=1.0", "rollout.max_tokens=6")
+EVAL = (
+    "sft.steps=0",
+    "data.eval_rows=4",
+    "data.train_rows=4",
+    "run.samples=4",
+    "run.progress=False",
+    "rollout.eval_temperature=1.0",
+    "rollout.max_tokens=6",
+)
 
 
 def evaluate_fresh(out, checkpoint) -> list[dict]:
@@ -79,8 +86,9 @@ class TamperingRenderer:
             grid[0, 1] += 2
             return dataclasses.replace(out, image_grid_thw=grid)
         first = out.placeholders[0]
-        return dataclasses.replace(out, placeholders=(PlaceholderRange(first.offset, first.length - 1),)
-                                   + out.placeholders[1:])
+        return dataclasses.replace(
+            out, placeholders=(PlaceholderRange(first.offset, first.length - 1),) + out.placeholders[1:]
+        )
 
 
 @pytest.mark.parametrize("mode", ["multi_turn", "step"])

@@ -14,16 +14,31 @@ def write_metrics(root, rows) -> None:
 
 
 def rl_row(step: int) -> dict:
-    return {"step": step, "phase": "rl", "reward_mean": 0.25 + 0.05 * step, "adv_abs_mean": 0.6,
-            "adv_zero_group_frac": 0.5 if step < 3 else 0.0, "reward_equal_group_frac": 0.5 if step < 3 else 0.0,
-            "entropy": 0.7, "entropy_first_token": 1.4 - 0.1 * step, "grad_norm/vision": 1e-4 * step,
-            "grad_norm/merger": 1e-3, "grad_norm/language": 0.1, "grad_norm/embed": 0.5}
+    return {
+        "step": step,
+        "phase": "rl",
+        "reward_mean": 0.25 + 0.05 * step,
+        "adv_abs_mean": 0.6,
+        "adv_zero_group_frac": 0.5 if step < 3 else 0.0,
+        "reward_equal_group_frac": 0.5 if step < 3 else 0.0,
+        "entropy": 0.7,
+        "entropy_first_token": 1.4 - 0.1 * step,
+        "grad_norm/vision": 1e-4 * step,
+        "grad_norm/merger": 1e-3,
+        "grad_norm/language": 0.1,
+        "grad_norm/embed": 0.5,
+    }
 
 
 def test_section_has_the_three_figures_the_reward_table_and_findings(tmp_path):
-    write_metrics(tmp_path, [{"step": 0, "phase": "eval", "label": "before", "eval_reward_mean": 0.25},
-                             *(rl_row(s) for s in range(1, 7)),
-                             {"step": 6, "phase": "eval", "label": "after", "eval_reward_mean": 0.9}])
+    write_metrics(
+        tmp_path,
+        [
+            {"step": 0, "phase": "eval", "label": "before", "eval_reward_mean": 0.25},
+            *(rl_row(s) for s in range(1, 7)),
+            {"step": 6, "phase": "eval", "label": "after", "eval_reward_mean": 0.9},
+        ],
+    )
     run = read_run(tmp_path)
     assert set(learning_figures(run)) == {"advantages", "grad norms", "entropy"}
     html = learning_section(run)

@@ -8,7 +8,6 @@ import json
 import re
 
 import pytest
-
 from report_runs import ACTIONS, make_run
 
 HTML_ARGS = ("-p", "no:cacheprovider", "--html=out/report.html", "--self-contained-html")
@@ -19,8 +18,9 @@ def rows(pytester) -> dict[str, list[dict]]:
     text = (pytester.path / "out" / "report.html").read_text()
     blob = re.search(r'data-jsonblob="([^"]*)"', text).group(1)
     tests = json.loads(html.unescape(blob))["tests"]
-    return {test_id.split("::")[-1]: [x for run in runs for x in run.get("extras", [])]
-            for test_id, runs in tests.items()}
+    return {
+        test_id.split("::")[-1]: [x for run in runs for x in run.get("extras", [])] for test_id, runs in tests.items()
+    }
 
 
 def of_type(extras: list[dict], kind: str) -> list[dict]:
@@ -33,7 +33,8 @@ def run_dir(tmp_path):
 
 
 def test_attached_run_puts_figures_and_strips_on_the_row(pytester, run_dir, tmp_path):
-    pytester.makepyfile(test_train=f"""
+    pytester.makepyfile(
+        test_train=f"""
         def test_with_run(vlrl_report_extras):
             assert vlrl_report_extras.attach_run({str(run_dir)!r}) is True
 
@@ -51,7 +52,8 @@ def test_attached_run_puts_figures_and_strips_on_the_row(pytester, run_dir, tmp_
 
         def test_missing_dir(vlrl_report_extras):
             vlrl_report_extras.attach_run({str(tmp_path / "never")!r})
-    """)
+    """
+    )
     pytester.runpytest(*HTML_ARGS).assert_outcomes(passed=4, failed=1)
     found = rows(pytester)
     for name in ("test_with_run", "test_helper_with_request"):  # a failing run keeps its figures
@@ -74,14 +76,16 @@ def test_attached_run_puts_figures_and_strips_on_the_row(pytester, run_dir, tmp_
 
 
 def test_without_html_everything_is_a_no_op(pytester, run_dir):
-    pytester.makepyfile(test_plain=f"""
+    pytester.makepyfile(
+        test_plain=f"""
         def test_it(vlrl_report_extras, request):
             from pytest_vlrl.report import RUNS, attach_run
             assert vlrl_report_extras.attach_run({str(run_dir)!r}) is False
             assert attach_run(request, {str(run_dir)!r}) is False
             vlrl_report_extras.png(b"x")
             assert RUNS not in request.node.stash
-    """)
+    """
+    )
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
     assert not (pytester.path / "out").exists()
 
@@ -93,7 +97,8 @@ CHANGED = "---\n     0  -     42  'a'\n     1  0     43  'b'\n"
 def test_failing_golden_test_gets_its_diff(pytester):
     (pytester.path / "golden").mkdir()
     (pytester.path / "golden" / "case.golden").write_text(GOLDEN)
-    pytester.makepyfile(test_gold=f"""
+    pytester.makepyfile(
+        test_gold=f"""
         def test_differs(vlrl_golden):
             vlrl_golden.check("case.golden", {CHANGED!r})
 
@@ -102,7 +107,8 @@ def test_failing_golden_test_gets_its_diff(pytester):
 
         def test_other_failure():
             assert 1 == 2
-    """)
+    """
+    )
     pytester.runpytest(*HTML_ARGS).assert_outcomes(passed=1, failed=2)
     found = rows(pytester)
     (diff,) = of_type(found["test_differs"], "html")
@@ -115,9 +121,11 @@ def test_failing_golden_test_gets_its_diff(pytester):
 def test_regen_all_golden_pass_gets_no_diff(pytester):
     (pytester.path / "golden").mkdir()
     (pytester.path / "golden" / "case.golden").write_text(GOLDEN)
-    pytester.makepyfile(test_gold=f"""
+    pytester.makepyfile(
+        test_gold=f"""
         def test_differs(vlrl_golden):
             vlrl_golden.check("case.golden", {CHANGED!r})
-    """)
+    """
+    )
     pytester.runpytest(*HTML_ARGS, "--vlrl-regen-all").assert_outcomes(passed=1)
     assert rows(pytester)["test_differs"] == []

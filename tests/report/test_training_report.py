@@ -10,14 +10,16 @@ import re
 
 import pytest
 from PIL import Image
-
 from report_runs import ACTIONS, FRAME_COLORS, make_run, trajectory, write_jsonl
+
 from vlrl.cli import main
 from vlrl.report.plots import bound_values
 from vlrl.report.strips import strip_cells
 from vlrl.report.training import write_report
 
-FIGURES = 5  # reward, loss, the learning section's entropy (the synthetic run logs entropy), drift curve, drift histogram
+FIGURES = (
+    5  # reward, loss, the learning section's entropy (the synthetic run logs entropy), drift curve, drift histogram
+)
 
 
 def sources(text: str) -> list[str]:
@@ -90,7 +92,7 @@ def test_strip_puts_each_frame_above_the_action_taken_on_it():
 
 def test_report_strips_show_actions_rewards_return_and_stop_reason(tmp_path):
     text = write_report(make_run(tmp_path / "run", sample_steps=(4,), per_step=1)).read_text()
-    section = text[text.index("<h2>Rollouts"):]
+    section = text[text.index("<h2>Rollouts") :]
     for action in ACTIONS[:2]:
         assert html.escape(action) in section
     assert "<b>4-0</b> · return <b>1</b> · stop <code>done</code> · 2 turn(s)" in section
@@ -126,8 +128,9 @@ def test_missing_run_dir_is_a_clear_error(tmp_path):
 
 
 def test_partial_run_metrics_only_with_a_torn_last_line(tmp_path):
-    write_jsonl(tmp_path / "metrics.jsonl", [{"step": s, "phase": "rl", "time": s, "reward_mean": 0.1 * s}
-                                             for s in range(3)])
+    write_jsonl(
+        tmp_path / "metrics.jsonl", [{"step": s, "phase": "rl", "time": s, "reward_mean": 0.1 * s} for s in range(3)]
+    )
     with (tmp_path / "metrics.jsonl").open("a") as f:
         f.write('{"step": 3, "phase": "r')  # the trainer is mid-write
     text = write_report(tmp_path).read_text()
@@ -152,12 +155,15 @@ def test_external_image_urls_are_never_embedded(tmp_path):
     assert "example.com" not in text and len(pngs(text)) == 2
 
 
-@pytest.mark.parametrize("row, expected", [
-    ({"bounds": {"max_abs": 1e-4, "mean_abs": 2e-5, "k3": 1e-7}}, {"max_abs": 1e-4, "mean_abs": 2e-5}),
-    ({"bound": 0.5}, {"max_abs": 0.5}),
-    ({"max_abs_bound": 0.5, "mean_abs_bound": 0.01}, {"max_abs": 0.5, "mean_abs": 0.01}),
-    ({}, {}),
-])
+@pytest.mark.parametrize(
+    "row, expected",
+    [
+        ({"bounds": {"max_abs": 1e-4, "mean_abs": 2e-5, "k3": 1e-7}}, {"max_abs": 1e-4, "mean_abs": 2e-5}),
+        ({"bound": 0.5}, {"max_abs": 0.5}),
+        ({"max_abs_bound": 0.5, "mean_abs_bound": 0.01}, {"max_abs": 0.5, "mean_abs": 0.01}),
+        ({}, {}),
+    ],
+)
 def test_bound_values(row, expected):
     assert bound_values(row) == expected
 
@@ -165,7 +171,7 @@ def test_bound_values(row, expected):
 def test_histogram_edges_as_values_or_exponents(tmp_path):
     run = make_run(tmp_path / "a", sample_steps=(), bounds=False)
     rows = [json.loads(line) for line in (run / "agreement.jsonl").read_text().splitlines()]
-    rows[-1]["hist"]["edges"] = [10.0 ** e for e in rows[-1]["hist"]["edges"]]
+    rows[-1]["hist"]["edges"] = [10.0**e for e in rows[-1]["hist"]["edges"]]
     write_jsonl(run / "agreement.jsonl", rows)
     assert len(pngs(write_report(run).read_text())) == FIGURES
     rows[-1]["hist"]["counts"] = [1, 2]  # does not match the edges: the histogram is left out
@@ -186,18 +192,31 @@ def test_where_the_disagreement_sits_and_image_probes_are_shown(tmp_path):
     run = make_run(tmp_path / "run", sample_steps=())
     rows = [json.loads(line) for line in (run / "agreement.jsonl").read_text().splitlines()]
     for k, row in enumerate(rows):
-        row["by_depth"] = [{"bin": "0-512", "n_tokens": 700, "max_abs": 2e-6, "mean_abs": 3e-7},
-                           {"bin": "1k-2k", "n_tokens": 2200, "max_abs": 2.2 if k == 0 else 3e-6, "mean_abs": 4e-3}]
-        row["by_turn_position"] = [{"bin": "first", "n_tokens": 640, "max_abs": 2.2 if k == 0 else 3e-6,
-                                    "mean_abs": 5e-3}, {"bin": "rest", "n_tokens": 5800, "max_abs": 1e-3,
-                                                        "mean_abs": 6e-7}]
+        row["by_depth"] = [
+            {"bin": "0-512", "n_tokens": 700, "max_abs": 2e-6, "mean_abs": 3e-7},
+            {"bin": "1k-2k", "n_tokens": 2200, "max_abs": 2.2 if k == 0 else 3e-6, "mean_abs": 4e-3},
+        ]
+        row["by_turn_position"] = [
+            {"bin": "first", "n_tokens": 640, "max_abs": 2.2 if k == 0 else 3e-6, "mean_abs": 5e-3},
+            {"bin": "rest", "n_tokens": 5800, "max_abs": 1e-3, "mean_abs": 6e-7},
+        ]
     write_jsonl(run / "agreement.jsonl", rows)
-    write_jsonl(run / "image_sensitivity.jsonl", [
-        {"step": 0, "label": "after_sft", "turns": 80, "sensitive_fraction": 0.05, "passed": False,
-         "blank_mean_abs_median": 1.3e-4}])
+    write_jsonl(
+        run / "image_sensitivity.jsonl",
+        [
+            {
+                "step": 0,
+                "label": "after_sft",
+                "turns": 80,
+                "sensitive_fraction": 0.05,
+                "passed": False,
+                "blank_mean_abs_median": 1.3e-4,
+            }
+        ],
+    )
     text = write_report(run).read_text()
-    where = text[text.index("where it sits"):]
+    where = text[text.index("where it sits") :]
     assert "1k-2k" in where and "first" in where and f"max |Δ| over {len(rows)} step(s)" in where
     assert "<td>2.2</td>" in where  # the worst over all steps, though the last step was clean
-    images = text[text.index("Image sensitivity"):]
+    images = text[text.index("Image sensitivity") :]
     assert "after_sft" in images and "0.05" in images and "FAIL" in images

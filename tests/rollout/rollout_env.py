@@ -1,8 +1,10 @@
-"""A probe env (a real env of the contract) whose observation kinds, image sizes and faults a test chooses through ``extras``."""
+"""A probe env (a real env of the contract) whose observation kinds, image sizes and faults a test chooses
+through ``extras``."""
 
 from __future__ import annotations
 
 import numpy as np
+
 from vlrl.envs.contract import StepResult
 from vlrl.messages import image_part, text_part
 

@@ -10,8 +10,28 @@ from vlrl.cli import main
 def test_rollout_command_writes_jsonl(tmp_path, vlrl_model_dir, capsys):
     model = vlrl_model_dir("qwen2_vl")
     out = tmp_path / "r.jsonl"
-    assert main(["rollout", "--model", str(model), "--env", "maze2d/easy", "--rows", "2", "--repeats", "2",
-                 "--max-turns", "2", "--max-tokens", "6", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "rollout",
+                "--model",
+                str(model),
+                "--env",
+                "maze2d/easy",
+                "--rows",
+                "2",
+                "--repeats",
+                "2",
+                "--max-turns",
+                "2",
+                "--max-tokens",
+                "6",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["uid"] for r in records] == ["0-0", "0-1", "1-0", "1-1"]
     for r in records:

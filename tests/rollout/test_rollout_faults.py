@@ -28,17 +28,22 @@ def drop_think(template: str) -> str:
     """What thinking templates do: earlier assistant turns lose their <think> block."""
     old = "{{ render_content(message.content) }}\n{%- for call in message.tool_calls"
     assert old in template
-    return template.replace(old, "{% if loop.last %}{{ render_content(message.content) }}{%- else %}"
-                                 "{{ (message.content.split('</think>')[-1]).lstrip('\\n') }}{%- endif %}\n"
-                                 "{%- for call in message.tool_calls")
+    return template.replace(
+        old,
+        "{% if loop.last %}{{ render_content(message.content) }}{%- else %}"
+        "{{ (message.content.split('</think>')[-1]).lstrip('\\n') }}{%- endif %}\n"
+        "{%- for call in message.tool_calls",
+    )
 
 
 def count_images_in_system(template: str) -> str:
     """A template whose first line depends on the number of images in the whole conversation."""
-    return ("{%- set ns = namespace(n=0) -%}{%- for m in messages -%}{%- if m.content is not string -%}"
-            "{%- for p in m.content -%}{%- if p.type in ['image', 'image_url'] -%}{%- set ns.n = ns.n + 1 -%}"
-            "{%- endif -%}{%- endfor -%}{%- endif -%}{%- endfor -%}<|im_start|>system\nImages: {{ ns.n }}<|im_end|>\n"
-            + template)
+    return (
+        "{%- set ns = namespace(n=0) -%}{%- for m in messages -%}{%- if m.content is not string -%}"
+        "{%- for p in m.content -%}{%- if p.type in ['image', 'image_url'] -%}{%- set ns.n = ns.n + 1 -%}"
+        "{%- endif -%}{%- endfor -%}{%- endif -%}{%- endfor -%}<|im_start|>system\nImages: {{ ns.n }}<|im_end|>\n"
+        + template
+    )
 
 
 def test_thinking_template_is_refused_with_a_clear_error(tiny):
@@ -51,8 +56,9 @@ def test_thinking_template_is_refused_with_a_clear_error(tiny):
 def test_thinking_template_works_step_wise(tiny, probe_env):
     bundle = tiny("qwen3_vl")
     renderer = renderer_with_template(bundle, drop_think)
-    gen = RolloutGenerator(renderer, bundle.engine, RolloutConfig(sampling=SamplingParams(max_tokens=64), mode="step",
-                                                                  progress=False))
+    gen = RolloutGenerator(
+        renderer, bundle.engine, RolloutConfig(sampling=SamplingParams(max_tokens=64), mode="step", progress=False)
+    )
     script = ["<think>\nleft or right\n</think>\n\nleft", "<think>\nnow up\n</think>\n\nup"]
     steps = gen.run([probe_row(["text"])], script=lambda env, row: script)
     assert [t.step_of for t in steps] == ["0-0", "0-0"]
@@ -60,7 +66,9 @@ def test_thinking_template_works_step_wise(tiny, probe_env):
     second = bundle.tokenizer.decode(list(steps[1].prompt_ids))
     assert "left or right" not in second and "<|im_start|>assistant\nleft<|im_end|>" in second
     for t in steps:
-        assert t.token_ids == renderer.render(list(t.messages), add_generation_prompt=False).token_ids[:len(t.token_ids)]
+        assert (
+            t.token_ids == renderer.render(list(t.messages), add_generation_prompt=False).token_ids[: len(t.token_ids)]
+        )
 
 
 def test_template_that_changes_history_later_raises_naming_the_turn(tiny, probe_env):
@@ -73,10 +81,16 @@ def test_template_that_changes_history_later_raises_naming_the_turn(tiny, probe_
 
 def test_broken_image_ends_that_episode_only(tiny, probe_env):
     bundle = tiny("qwen2_vl")
-    gen = RolloutGenerator(bundle.renderer, bundle.engine, RolloutConfig(sampling=SamplingParams(max_tokens=4),
-                                                                         progress=False))
-    trajs = gen.run([probe_row(["image", "image"], seed=1), probe_row(["image", "image"], seed=2, broken_image_at=1),
-                     probe_row(["text"], seed=3)])
+    gen = RolloutGenerator(
+        bundle.renderer, bundle.engine, RolloutConfig(sampling=SamplingParams(max_tokens=4), progress=False)
+    )
+    trajs = gen.run(
+        [
+            probe_row(["image", "image"], seed=1),
+            probe_row(["image", "image"], seed=2, broken_image_at=1),
+            probe_row(["text"], seed=3),
+        ]
+    )
     ok1, broken, ok2 = trajs
     assert ok1.stop_reason == ok2.stop_reason == "done"
     assert broken.stop_reason == "env_error"

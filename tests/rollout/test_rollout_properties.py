@@ -23,7 +23,7 @@ STOPS = ((), ("e",), ("a", "\n"), ("o",))
 
 
 def _generated(traj, span) -> list[int]:
-    return list(traj.token_ids[span.gen_start: span.gen_end - span.eos_appended])
+    return list(traj.token_ids[span.gen_start : span.gen_end - span.eos_appended])
 
 
 def check_against_render(bundle, traj) -> None:
@@ -34,13 +34,19 @@ def check_against_render(bundle, traj) -> None:
     first = bundle.renderer.render([m for m in traj.messages[:1]])
     assert traj.prompt_ids == first.token_ids
     last = traj.turns[-1]
-    closed = traj.token_ids[last.gen_end - 1] in (tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id,
-                                                  tok.convert_tokens_to_ids("<|endoftext|>"))
+    closed = traj.token_ids[last.gen_end - 1] in (
+        tok.convert_tokens_to_ids("<|im_end|>"),
+        tok.eos_token_id,
+        tok.convert_tokens_to_ids("<|endoftext|>"),
+    )
     tail = "\n" if closed else "<|im_end|>\n"
     assert tok.decode(list(traj.token_ids)) + tail == tok.decode(list(final.token_ids))
-    canonical = all(tok.encode(s.text, add_special_tokens=False) == [t for t in _generated(traj, s)
-                                                                    if t != tok.convert_tokens_to_ids("<|im_end|>")]
-                    and not s.text[:1].isspace() for s in traj.turns)
+    canonical = all(
+        tok.encode(s.text, add_special_tokens=False)
+        == [t for t in _generated(traj, s) if t != tok.convert_tokens_to_ids("<|im_end|>")]
+        and not s.text[:1].isspace()
+        for s in traj.turns
+    )
     if canonical and closed:
         assert traj.token_ids == final.token_ids[: len(traj.token_ids)]
 
@@ -55,7 +61,9 @@ def check_mask_and_logprobs(bundle, traj) -> None:
             want[i - n] = 1
     assert list(traj.loss_mask) == want
     assert len(traj.logprobs) == len(traj.response_ids)
-    prompt = RenderedPrompt(traj.prompt_ids, traj.pixel_values, traj.image_grid_thw, traj.placeholders, traj.image_hashes)
+    prompt = RenderedPrompt(
+        traj.prompt_ids, traj.pixel_values, traj.image_grid_thw, traj.placeholders, traj.image_hashes
+    )
     ref = full_forward_logprobs(bundle.model, prompt, traj.response_ids, traj.temperature)
     mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
     got = torch.tensor(traj.logprobs)
@@ -65,28 +73,40 @@ def check_mask_and_logprobs(bundle, traj) -> None:
 
 
 def check_images(bundle, traj) -> None:
-    n_parts = sum(p.get("type") in IMAGE_PART_TYPES for m in traj.messages
-                  if isinstance(m.get("content"), list) for p in m["content"])
+    n_parts = sum(
+        p.get("type") in IMAGE_PART_TYPES
+        for m in traj.messages
+        if isinstance(m.get("content"), list)
+        for p in m["content"]
+    )
     assert traj.n_images == n_parts == len(traj.image_hashes) == traj.image_grid_thw.shape[0]
     pad = bundle.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     ids = torch.tensor(traj.token_ids)
     per_image = (traj.image_grid_thw.prod(-1) // 4).tolist()
     assert int((ids == pad).sum()) == sum(per_image)
     for ph, want in zip(traj.placeholders, per_image):
-        assert ph.length == want and bool(torch.all(ids[ph.offset: ph.offset + ph.length] == pad))
+        assert ph.length == want and bool(torch.all(ids[ph.offset : ph.offset + ph.length] == pad))
     assert traj.pixel_values.shape[0] == int(traj.image_grid_thw.prod(-1).sum())
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(arch=st.sampled_from(ARCHS), kinds=st.lists(st.sampled_from(OBS_KINDS), min_size=0, max_size=3),
-       stop=st.sampled_from(STOPS), include_stop=st.booleans(), max_tokens=st.integers(1, 6),
-       temperature=st.sampled_from([1.0, 0.7, 0.0]), seed=st.integers(0, 2**16))
+@given(
+    arch=st.sampled_from(ARCHS),
+    kinds=st.lists(st.sampled_from(OBS_KINDS), min_size=0, max_size=3),
+    stop=st.sampled_from(STOPS),
+    include_stop=st.booleans(),
+    max_tokens=st.integers(1, 6),
+    temperature=st.sampled_from([1.0, 0.7, 0.0]),
+    seed=st.integers(0, 2**16),
+)
 def test_rollout_invariants(tiny, probe_env, arch, kinds, stop, include_stop, max_tokens, temperature, seed):
     bundle = tiny(arch)
-    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, stop=stop,
-                            include_stop_str_in_output=include_stop)
-    gen = RolloutGenerator(bundle.renderer, bundle.engine, RolloutConfig(sampling=params, repeats=2, seed=seed,
-                                                                         progress=False))
+    params = SamplingParams(
+        temperature=temperature, max_tokens=max_tokens, stop=stop, include_stop_str_in_output=include_stop
+    )
+    gen = RolloutGenerator(
+        bundle.renderer, bundle.engine, RolloutConfig(sampling=params, repeats=2, seed=seed, progress=False)
+    )
     trajs = gen.run([probe_row(kinds, seed=seed)])
     assert len(trajs) == 2
     for traj in trajs:

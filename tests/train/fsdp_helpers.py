@@ -17,9 +17,21 @@ from vlrl.train.checkpoint import load_checkpoint
 from vlrl.train.config import load_config
 from vlrl.train.loop import train
 
-STEPS = ("sft.steps=1", "sft.rows_per_step=4", "sft.lr=1e-3", "rollout.rows_per_step=3", "rollout.repeats=3",
-         "data.eval_rows=4", "data.train_rows=16", "run.eval_every=0", "run.samples=1", "run.progress=False",
-         "run.steps=2", "run.checkpoint_every=1", "algo.kl_coef=0.05")
+STEPS = (
+    "sft.steps=1",
+    "sft.rows_per_step=4",
+    "sft.lr=1e-3",
+    "rollout.rows_per_step=3",
+    "rollout.repeats=3",
+    "data.eval_rows=4",
+    "data.train_rows=16",
+    "run.eval_every=0",
+    "run.samples=1",
+    "run.progress=False",
+    "run.steps=2",
+    "run.checkpoint_every=1",
+    "algo.kl_coef=0.05",
+)
 """One SFT step and two RL steps. KL to the reference gives every RL step a gradient even where all rewards
 are 0 (the random init's). 9 trajectories a step: 5 + 4 rows on two ranks (one padding row), so the ranks
 hold different numbers of tokens and a mean of per-rank means differs from the global token mean."""
@@ -32,8 +44,20 @@ def run_plain(out: Path, *overrides: str) -> Path:
 
 def run_torchrun(nproc: int, out: Path, *overrides: str, timeout: int = 600) -> Path:
     """``torchrun --standalone --nproc-per-node N -m vlrl train color_square …``; fails the test with its output."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "vlrl", "train", "color_square", *STEPS, *overrides, f"run.out={out}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "vlrl",
+        "train",
+        "color_square",
+        *STEPS,
+        *overrides,
+        f"run.out={out}",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLRL_DEBUG": "1"}
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     assert done.returncode == 0, f"torchrun exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"

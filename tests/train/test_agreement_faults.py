@@ -55,8 +55,8 @@ def _swap_images(batch: Batch, r1: int, r2: int) -> Batch:
     first = [sum(counts[:r]) for r in range(len(counts))]
     ranges = {}
     for r in (r1, r2):
-        start = sum(patches[:first[r]])
-        ranges[r] = (start, start + sum(patches[first[r]:first[r] + counts[r]]))
+        start = sum(patches[: first[r]])
+        ranges[r] = (start, start + sum(patches[first[r] : first[r] + counts[r]]))
     assert ranges[r1][1] - ranges[r1][0] == ranges[r2][1] - ranges[r2][0], "needs same-size images"
     pix = batch.pixel_values.clone()
     (a0, a1), (b0, b1) = ranges[r1], ranges[r2]
@@ -97,7 +97,7 @@ def test_fault_loss_mask_shifted_by_one_token(single_turn, arch, variant):
     b, batch = _batch(single_turn, arch, 0.7)
     shifted = {"loss_mask": torch.roll(batch.loss_mask, 1, dims=1)}
     if variant == "mask_and_logprobs":  # collation writes mask and logprobs one token late
-        shifted["old_logprobs"] = torch.roll(batch.old_logprobs, 1, dims=1)
+        shifted["rollout_logprobs"] = torch.roll(batch.rollout_logprobs, 1, dims=1)
     faulty = batch.replace(**shifted, engine_topk=None)
     with pytest.raises(AssertionError, match="disagree"):
         assert_logprobs_agree(faulty, _trainer(b.model, faulty))

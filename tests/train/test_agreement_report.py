@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from pytest_vlrl import assert_logprobs_agree
-from vlrl.checks.agreement import (AgreementBounds, LogprobDisagreementError, compare_logprobs,
-                                   distribution_stats)
+from vlrl.checks.agreement import AgreementBounds, LogprobDisagreementError, compare_logprobs, distribution_stats
 
 MASK = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1]], dtype=torch.float32)
 TURNS = torch.tensor([[0, 0, 0, 1, -1], [0, 0, 0, 1, 1]])
@@ -57,8 +56,9 @@ def test_non_finite_trainer_logprob_is_a_breach():
 def test_error_names_trajectory_turn_position_and_both_values():
     trainer = ROLLOUT.clone()
     trainer[1, 3] = -0.75
-    r = compare_logprobs(ROLLOUT, trainer, MASK, turn_index=TURNS, uids=["a", "ep-7"],
-                         token_ids=torch.arange(10).view(2, 5))
+    r = compare_logprobs(
+        ROLLOUT, trainer, MASK, turn_index=TURNS, uids=["a", "ep-7"], token_ids=torch.arange(10).view(2, 5)
+    )
     with pytest.raises(LogprobDisagreementError) as info:
         r.raise_if_breached()
     msg = str(info.value)
@@ -107,8 +107,15 @@ def test_plugin_assertion_message_has_the_turn_table_and_decoded_tokens():
     trainer = ROLLOUT.clone()
     trainer[1, 4] += 0.5
     with pytest.raises(AssertionError) as info:
-        assert_logprobs_agree(ROLLOUT, trainer, mask=MASK, turn_index=TURNS, uids=["a", "b"],
-                              token_ids=torch.arange(10).view(2, 5), tokenizer=Tok())
+        assert_logprobs_agree(
+            ROLLOUT,
+            trainer,
+            mask=MASK,
+            turn_index=TURNS,
+            uids=["a", "b"],
+            token_ids=torch.arange(10).view(2, 5),
+            tokenizer=Tok(),
+        )
     msg = str(info.value)
     assert "turn" in msg and "mean |Δ|" in msg and "\n    1 " in msg and "  all " in msg
     assert "trajectory b (row 1), turn 1, token position 4 (id 9)" in msg and "'<tok9>'" in msg

@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 import torch
-import traj_helpers as H
 
 from vlrl.train.batch import BatchIntegrityError, CollateSpec, collate
 
@@ -27,8 +26,8 @@ def test_every_per_token_tensor_is_aligned_with_the_tokens(single_turn):
         assert batch.attention_mask[row].tolist() == [1] * n + [0] * (L - n)
         assert batch.loss_mask[row].tolist() == [0.0] * p + [1.0] * (n - p) + [0.0] * (L - n)
         assert batch.input_ids[row, p:n].tolist() == list(g.token_ids)  # mask 1 exactly on the engine's tokens
-        assert torch.equal(batch.old_logprobs[row, p:n], torch.tensor(g.logprobs, dtype=torch.float32))
-        assert batch.old_logprobs[row, :p].abs().sum() == 0 and batch.old_logprobs[row, n:].abs().sum() == 0
+        assert torch.equal(batch.rollout_logprobs[row, p:n], torch.tensor(g.logprobs, dtype=torch.float32))
+        assert batch.rollout_logprobs[row, :p].abs().sum() == 0 and batch.rollout_logprobs[row, n:].abs().sum() == 0
         assert batch.rewards[row].nonzero().flatten().tolist() == [n - 1]
         assert batch.turn_index[row].tolist() == [0] * n + [-1] * (L - n)
     assert batch.uids == tuple(t.uid for t in trajs) and batch.groups.tolist() == [t.group for t in trajs]
@@ -60,7 +59,9 @@ def test_micro_batches_carry_their_own_vision_tensors(single_turn):
 
 
 def test_engine_top_logprobs_are_placed_at_generated_positions(single_turn):
-    _, trajs, gens, batch = _batch(single_turn, top_logprobs=[g.top_logprobs for g in single_turn("qwen2_5_vl", 1.0)[2]])
+    _, trajs, gens, batch = _batch(
+        single_turn, top_logprobs=[g.top_logprobs for g in single_turn("qwen2_5_vl", 1.0)[2]]
+    )
     top = batch.engine_topk
     assert top is not None and top.k == 5 and len(top) == sum(len(g.token_ids) for g in gens)
     for j in (0, len(top) - 1):
@@ -110,8 +111,8 @@ def test_multi_turn_trajectories_collate_with_turn_indices(multi_turn):
     for row, t in enumerate(trajs):
         assert len(t.turns) == 3
         for span in t.turns:
-            assert (batch.turn_index[row, span.obs_start:span.gen_end] == span.index).all()
-            gen_mask = batch.loss_mask[row, span.gen_start:span.gen_end]
-            assert gen_mask.sum() >= 1 and (batch.loss_mask[row, span.obs_start:span.gen_start] == 0).all()
+            assert (batch.turn_index[row, span.obs_start : span.gen_end] == span.index).all()
+            gen_mask = batch.loss_mask[row, span.gen_start : span.gen_end]
+            assert gen_mask.sum() >= 1 and (batch.loss_mask[row, span.obs_start : span.gen_start] == 0).all()
         assert batch.loss_mask[row].sum() == sum(t.loss_mask)
     assert batch.image_counts.tolist() == [t.n_images for t in trajs]

@@ -44,19 +44,23 @@ def _base_model_dir(cfg):
 
 
 @pytest.mark.train
-@pytest.mark.parametrize("advantage, steps, bar, gain", [
-    # the recipe's estimator, to the bar
-    pytest.param("grpo", 60, 0.9, None, id="grpo"),
-    # the other two in shorter runs: the eval reward must rise by >= 0.2 over the warm start (measured at
-    # step 40 from this warm start: rloo 1.00 / 0.81 / 0.44 for run.seed 0 / 1 / 2, reinforce_pp 0.66)
-    pytest.param("rloo", 40, None, 0.2, id="rloo"),
-    pytest.param("reinforce_pp", 40, None, 0.2, id="reinforce_pp"),
-])
+@pytest.mark.parametrize(
+    "advantage, steps, bar, gain",
+    [
+        # the recipe's estimator, to the bar
+        pytest.param("grpo", 60, 0.9, None, id="grpo"),
+        # the other two in shorter runs: the eval reward must rise by >= 0.2 over the warm start (measured at
+        # step 40 from this warm start: rloo 1.00 / 0.81 / 0.44 for run.seed 0 / 1 / 2, reinforce_pp 0.66)
+        pytest.param("rloo", 40, None, 0.2, id="rloo"),
+        pytest.param("reinforce_pp", 40, None, 0.2, id="reinforce_pp"),
+    ],
+)
 def test_rl_learns_color_square_from_a_format_only_warm_start(vlrl_train, warm_start, advantage, steps, bar, gain):
     model_dir, warm_eval = warm_start
     assert warm_eval <= WARM_START_MAX, f"the warm start must not know the colours: eval {warm_eval}"
-    run = vlrl_train(RECIPE, f"model.path={model_dir}", "sft.steps=0", f"algo.advantage={advantage}",
-                     f"run.steps={steps}")
+    run = vlrl_train(
+        RECIPE, f"model.path={model_dir}", "sft.steps=0", f"algo.advantage={advantage}", f"run.steps={steps}"
+    )
     evals = run.record.phase("eval")
     assert evals[0]["label"] == "before" and evals[0]["eval_reward_mean"] == warm_eval  # RL starts there
     rl = run.record.phase("rl")
@@ -70,6 +74,13 @@ def test_rl_learns_color_square_from_a_format_only_warm_start(vlrl_train, warm_s
     run.assert_agreement_held()
     run.assert_all_parameters_changed()
     # the learning diagnostics reached metrics.jsonl at every step
-    for key in ("adv_abs_mean", "adv_zero_group_frac", "entropy_first_token", "grad_norm/vision",
-                "grad_norm/merger", "grad_norm/language", "grad_norm/embed"):
+    for key in (
+        "adv_abs_mean",
+        "adv_zero_group_frac",
+        "entropy_first_token",
+        "grad_norm/vision",
+        "grad_norm/merger",
+        "grad_norm/language",
+        "grad_norm/embed",
+    ):
         assert all(key in m for m in rl), key

@@ -17,11 +17,15 @@ def _full_rows(model, prompt, gen, temperature):
 
     types = mm_token_type_ids(ids, model.config.image_token_id, model.config.video_token_id)
     with torch.no_grad():
-        logits = model(input_ids=ids, pixel_values=prompt.pixel_values, image_grid_thw=prompt.image_grid_thw,
-                       mm_token_type_ids=types).logits[0]
+        logits = model(
+            input_ids=ids,
+            pixel_values=prompt.pixel_values,
+            image_grid_thw=prompt.image_grid_thw,
+            mm_token_type_ids=types,
+        ).logits[0]
     n = len(prompt.token_ids)
     banned = torch.tensor(vision_token_ids(model.config))  # outside the contract's softmax
-    return torch.log_softmax(logits[n - 1:-1].float().index_fill(1, banned, float("-inf")) / (temperature or 1.0), -1)
+    return torch.log_softmax(logits[n - 1 : -1].float().index_fill(1, banned, float("-inf")) / (temperature or 1.0), -1)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
@@ -55,10 +59,17 @@ def test_top_logprobs_stay_aligned_when_a_stop_string_is_cut(tiny):
     b = tiny("qwen2_5_vl")
     prompt = b.renderer.render(H.conversations()["text"])
     free = b.engine.generate([prompt], SamplingParams(temperature=1.0, max_tokens=12, seed=4, ignore_eos=True))[0]
-    stop = free.text[len(free.text) // 2:][:2]
+    stop = free.text[len(free.text) // 2 :][:2]
     if not stop.strip():
         pytest.skip("generated text has no usable stop string")
-    params = SamplingParams(temperature=1.0, max_tokens=12, seed=4, ignore_eos=True, stop=(stop,),
-                            include_stop_str_in_output=False, logprobs_topk=3)
+    params = SamplingParams(
+        temperature=1.0,
+        max_tokens=12,
+        seed=4,
+        ignore_eos=True,
+        stop=(stop,),
+        include_stop_str_in_output=False,
+        logprobs_topk=3,
+    )
     gen = b.engine.generate([prompt], params)[0]
     assert len(gen.top_logprobs) == len(gen.token_ids) == len(gen.logprobs)

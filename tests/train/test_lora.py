@@ -57,8 +57,10 @@ def test_merged_weights_are_peft_merge(model):
     base_names = [n for n, _ in load_model(cached_model_dir("qwen2_5_vl", "tiny")).named_parameters()]
     assert sorted(merged) == sorted(base_names) == sorted(reference)
     assert max(float((merged[n] - reference[n]).abs().max()) for n in merged) <= 1e-6
-    delta = merged["model.language_model.layers.0.self_attn.q_proj.weight"] - \
-        named["model.language_model.layers.0.self_attn.q_proj.base_layer.weight"]
+    delta = (
+        merged["model.language_model.layers.0.self_attn.q_proj.weight"]
+        - named["model.language_model.layers.0.self_attn.q_proj.base_layer.weight"]
+    )
     assert float(delta.abs().max()) > 1e-3, "the test must merge a real delta"
 
 
@@ -70,8 +72,11 @@ def _peft_merge(model):
     for module in merged.modules():
         if isinstance(module, LoraLayer):
             module.merge()
-    return {n.replace(".base_layer.", "."): p.detach() for n, p in merged.named_parameters()
-            if ".lora_A." not in n and ".lora_B." not in n}
+    return {
+        n.replace(".base_layer.", "."): p.detach()
+        for n, p in merged.named_parameters()
+        if ".lora_A." not in n and ".lora_B." not in n
+    }
 
 
 def test_a_lora_checkpoint_holds_the_adapters_alone(model, tmp_path):
@@ -105,9 +110,13 @@ def test_the_lora_config_is_typed_and_checked():
     assert (cfg.model.lora.rank, cfg.model.lora.alpha, cfg.model.lora.targets) == (4, 16.0, ("q_proj", "v_proj"))
     assert load_config("color_square").model.lora is None  # full fine-tuning unless asked
     assert "lora = { rank = 4," in cfg.to_toml()  # a run's config.toml loads back the same
-    for bad, key in [("model.lora.rank=0", "model.lora.rank"), ("model.lora.vision=open", "model.lora.vision"),
-                     ("model.lora.alpha=-1", "model.lora.alpha"), ("model.lora.ranks=4", "ranks"),
-                     ("model.lora.targets=[]", "model.lora.targets")]:
+    for bad, key in [
+        ("model.lora.rank=0", "model.lora.rank"),
+        ("model.lora.vision=open", "model.lora.vision"),
+        ("model.lora.alpha=-1", "model.lora.alpha"),
+        ("model.lora.ranks=4", "ranks"),
+        ("model.lora.targets=[]", "model.lora.targets"),
+    ]:
         with pytest.raises(ConfigError, match=key):
             load_config("color_square", [bad])
     assert "model.lora.vision = 'frozen'" in config_help()

@@ -39,9 +39,24 @@ def test_an_engine_without_the_merge_breaks_agreement(tmp_path, monkeypatch):
     another policy, and the run stops at the first RL step."""
     import vlrl.train.run as run_module
 
-    monkeypatch.setattr(run_module, "merged_weights", lambda full, layers, dtype=None: {
-        n.replace(".base_layer.", "."): t.to(dtype) for n, t in full.items() if ".lora_" not in n})
-    cfg = load_config("color_square_lora", ["sft.steps=3", "run.steps=1", "data.eval_rows=4", "run.samples=0",
-                                            "rollout.rows_per_step=4", f"run.out={tmp_path}", "run.progress=False"])
+    monkeypatch.setattr(
+        run_module,
+        "merged_weights",
+        lambda full, layers, dtype=None: {
+            n.replace(".base_layer.", "."): t.to(dtype) for n, t in full.items() if ".lora_" not in n
+        },
+    )
+    cfg = load_config(
+        "color_square_lora",
+        [
+            "sft.steps=3",
+            "run.steps=1",
+            "data.eval_rows=4",
+            "run.samples=0",
+            "rollout.rows_per_step=4",
+            f"run.out={tmp_path}",
+            "run.progress=False",
+        ],
+    )
     with pytest.raises(LogprobDisagreementError):
         train(cfg)

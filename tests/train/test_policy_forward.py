@@ -41,7 +41,7 @@ def test_forward_reproduces_engine_logprobs_over_multi_turn_rollouts(multi_turn,
         out = policy_forward(b.model, batch)
     m = batch.loss_mask.bool()
     assert m.sum() > 0 and batch.image_counts.min() >= 3
-    assert (out.logprobs[m] - batch.old_logprobs[m]).abs().max() <= 1e-4
+    assert (out.logprobs[m] - batch.rollout_logprobs[m]).abs().max() <= 1e-4
 
 
 def test_positions_match_the_models_own_computation(single_turn, arch):
@@ -53,9 +53,15 @@ def test_positions_match_the_models_own_computation(single_turn, arch):
     for row, t in enumerate(trajs):
         ids = torch.tensor([t.token_ids])
         types = mm_token_type_ids(ids, b.model.config.image_token_id, b.model.config.video_token_id)
-        own = inner.compute_3d_position_ids(input_ids=ids, inputs_embeds=inner.get_input_embeddings()(ids),
-                                            image_grid_thw=t.image_grid_thw, video_grid_thw=None,
-                                            attention_mask=None, past_key_values=None, mm_token_type_ids=types)
+        own = inner.compute_3d_position_ids(
+            input_ids=ids,
+            inputs_embeds=inner.get_input_embeddings()(ids),
+            image_grid_thw=t.image_grid_thw,
+            video_grid_thw=None,
+            attention_mask=None,
+            past_key_values=None,
+            mm_token_type_ids=types,
+        )
         n = len(t.token_ids)
         if own is None:  # text only: the model infers 1-D positions
             own = torch.arange(n).view(1, 1, -1).expand(3, 1, -1)
@@ -71,8 +77,13 @@ def test_forward_matches_an_independent_full_forward(single_turn, arch):
     with torch.no_grad():
         out = policy_forward(b.model, batch)
     for row, t in enumerate(trajs):
-        rp = RenderedPrompt(token_ids=t.prompt_ids, pixel_values=t.pixel_values, image_grid_thw=t.image_grid_thw,
-                            placeholders=t.placeholders, image_hashes=t.image_hashes)
+        rp = RenderedPrompt(
+            token_ids=t.prompt_ids,
+            pixel_values=t.pixel_values,
+            image_grid_thw=t.image_grid_thw,
+            placeholders=t.placeholders,
+            image_hashes=t.image_hashes,
+        )
         ref = full_forward_logprobs(b.model, rp, t.response_ids, 0.7)
         p, n = len(t.prompt_ids), len(t.token_ids)
         assert (out.logprobs[row, p:n] - ref).abs().max() <= 1e-4
@@ -84,8 +95,13 @@ NO_BAN = torch.tensor([], dtype=torch.long)  # toy heads below have no vision id
 def _naive(model, batch):
     """Unchunked reference: the model's full ``[B, L, V]`` logits, log_softmax, shifted gather."""
     pos = mrope_positions(model, batch.input_ids, batch.attention_mask, batch.image_grid_thw)
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos,
-                   pixel_values=batch.pixel_values, image_grid_thw=batch.image_grid_thw).logits
+    logits = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=pos,
+        pixel_values=batch.pixel_values,
+        image_grid_thw=batch.image_grid_thw,
+    ).logits
     banned = torch.tensor(vision_token_ids(model.config))  # outside the contract's softmax
     logp = torch.log_softmax(logits.float().index_fill(-1, banned, float("-inf")) / batch.temperature, -1)[:, :-1]
     lp = logp.gather(-1, batch.input_ids[:, 1:, None])[..., 0]
@@ -140,7 +156,12 @@ def test_gradient_flows_to_text_and_vision_weights_and_chunking_keeps_it_exact(t
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
     chunked, whole = grads
     # lm_head is tied to the embedding here: its gradient lands on embed_tokens
-    for prefix in ("model.language_model.embed_tokens", "model.language_model.layers.0.", "model.language_model.layers.1.", "model.visual."):
+    for prefix in (
+        "model.language_model.embed_tokens",
+        "model.language_model.layers.0.",
+        "model.language_model.layers.1.",
+        "model.visual.",
+    ):
         names = [n for n in chunked if n.startswith(prefix)]
         assert names and any(chunked[n].abs().sum() > 0 for n in names), f"no gradient reaches {prefix}"
     for n in whole:

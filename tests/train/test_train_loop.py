@@ -9,8 +9,17 @@ from vlrl.checks.training import RunRecord
 from vlrl.train.config import load_config
 from vlrl.train.loop import train
 
-TINY = ("sft.steps=2", "sft.rows_per_step=4", "rollout.rows_per_step=4", "rollout.repeats=2", "data.eval_rows=4",
-        "data.train_rows=16", "run.eval_every=0", "run.samples=1", "run.progress=False")
+TINY = (
+    "sft.steps=2",
+    "sft.rows_per_step=4",
+    "rollout.rows_per_step=4",
+    "rollout.repeats=2",
+    "data.eval_rows=4",
+    "data.train_rows=16",
+    "run.eval_every=0",
+    "run.samples=1",
+    "run.progress=False",
+)
 
 
 def rl_lines(run_dir):
@@ -23,8 +32,10 @@ def test_resume_from_a_mid_run_checkpoint_reproduces_the_next_steps(tmp_path):
     common = [*TINY, "run.steps=3", "algo.kl_coef=0.05"]
     full = load_config("color_square", [*common, "run.checkpoint_every=1", f"run.out={tmp_path / 'a'}"])
     train(full)
-    resumed = load_config("color_square", [*common, f"run.out={tmp_path / 'b'}",
-                                           f"run.resume={tmp_path / 'a' / 'checkpoints' / 'step_000001'}"])
+    resumed = load_config(
+        "color_square",
+        [*common, f"run.out={tmp_path / 'b'}", f"run.resume={tmp_path / 'a' / 'checkpoints' / 'step_000001'}"],
+    )
     train(resumed)
     a, b = rl_lines(tmp_path / "a"), rl_lines(tmp_path / "b")
     assert [m["step"] for m in b] == [2, 3]
@@ -61,9 +72,15 @@ def test_weight_sync_is_verified(tmp_path, monkeypatch):
         train(cfg)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("algo.advantage=grpoo", "grpoo"), ("rollout.max_tokens=many", "rollout.max_tokens"),
-    ("optim.nope=1", "unknown key"), ("model=1", "section.key=value")])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("algo.advantage=grpoo", "grpoo"),
+        ("rollout.max_tokens=many", "rollout.max_tokens"),
+        ("optim.nope=1", "unknown key"),
+        ("model=1", "section.key=value"),
+    ],
+)
 def test_bad_config_fails_before_anything_runs(override, message):
     with pytest.raises(ValueError, match=message):
         load_config("color_square", [override])

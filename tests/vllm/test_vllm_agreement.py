@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from vllm_cases import agreement_bounds
 
 from pytest_vlrl import assert_logprobs_agree
-from vllm_cases import agreement_bounds
 from vlrl.engines.types import SamplingParams
 from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
 from vlrl.train.batch import CollateSpec, collate
@@ -18,13 +18,19 @@ from vlrl.train.forward import policy_forward
 
 pytestmark = pytest.mark.vllm
 TOL = 1e-4
-ROWS = [{"prompt": None, "env_class": "maze2d/easy", "extras": {}, "seed": s} for s in (0, 1)] + \
-       [{"prompt": None, "env_class": "geometry", "extras": {}, "seed": s} for s in (5, 6)]
+ROWS = [{"prompt": None, "env_class": "maze2d/easy", "extras": {}, "seed": s} for s in (0, 1)] + [
+    {"prompt": None, "env_class": "geometry", "extras": {}, "seed": s} for s in (5, 6)
+]
 
 
 def rollout(stack, temperature: float, *, repeats: int = 2, max_turns: int = 3, max_tokens: int = 12):
-    cfg = RolloutConfig(sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens), repeats=repeats,
-                        max_turns=max_turns, seed=11, progress=False)
+    cfg = RolloutConfig(
+        sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens),
+        repeats=repeats,
+        max_turns=max_turns,
+        seed=11,
+        progress=False,
+    )
     return RolloutGenerator(stack.renderer, stack.engine, cfg).run(ROWS)
 
 
@@ -44,8 +50,10 @@ def test_multi_turn_vllm_rollout_agrees_with_trainer_per_turn(vllm_stack, tiny, 
     assert set(per_turn) >= {0, 1, 2}
     assert all(v <= TOL for v in per_turn.values()), per_turn
     record_property("max_abs_per_turn", per_turn)
-    _measured(f"{arch} T={temperature}", {"overall_max_abs": report.overall.max_abs, "per_turn_max_abs": per_turn,
-                                          "tokens": report.overall.n_tokens})
+    _measured(
+        f"{arch} T={temperature}",
+        {"overall_max_abs": report.overall.max_abs, "per_turn_max_abs": per_turn, "tokens": report.overall.n_tokens},
+    )
 
 
 def _measured(key: str, value) -> None:

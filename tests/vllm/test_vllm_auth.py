@@ -16,12 +16,28 @@ from vlrl.vllm.server import VllmServerError
 httpx = pytest.importorskip("httpx")
 ARCH = "qwen2_5_vl"
 # every dev / RL / weight route vlrl's weight sync uses or vLLM's dev mode adds, and the unguarded extras
-GUARDED = [("POST", "/collective_rpc"), ("POST", "/pause"), ("POST", "/resume"), ("GET", "/is_paused"),
-           ("POST", "/weight_checker"), ("POST", "/update_weight_version"), ("POST", "/reset_prefix_cache"),
-           ("POST", "/reset_encoder_cache"), ("GET", "/server_info"), ("POST", "/sleep"), ("POST", "/update_weights"),
-           ("POST", "/init_weight_transfer_engine"), ("POST", "/invocations"), ("POST", "/tokenize"),
-           ("POST", "/scale_elastic_ep"), ("GET", "/metrics"), ("GET", "/openapi.json"), ("GET", "/v1/models"),
-           ("POST", "/v1/chat/completions/render"), ("POST", "/inference/v1/generate")]
+GUARDED = [
+    ("POST", "/collective_rpc"),
+    ("POST", "/pause"),
+    ("POST", "/resume"),
+    ("GET", "/is_paused"),
+    ("POST", "/weight_checker"),
+    ("POST", "/update_weight_version"),
+    ("POST", "/reset_prefix_cache"),
+    ("POST", "/reset_encoder_cache"),
+    ("GET", "/server_info"),
+    ("POST", "/sleep"),
+    ("POST", "/update_weights"),
+    ("POST", "/init_weight_transfer_engine"),
+    ("POST", "/invocations"),
+    ("POST", "/tokenize"),
+    ("POST", "/scale_elastic_ep"),
+    ("GET", "/metrics"),
+    ("GET", "/openapi.json"),
+    ("GET", "/v1/models"),
+    ("POST", "/v1/chat/completions/render"),
+    ("POST", "/inference/v1/generate"),
+]
 
 
 def _call(app, path: str, headers: list[tuple[bytes, bytes]]) -> int:
@@ -60,8 +76,9 @@ def test_live_server_guards_every_route_and_the_client_sends_the_key(vllm_stack)
         assert http.get("/health").status_code == 200 and http.get("/version").status_code == 200
         for bearer in (None, "wrong"):
             headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
-            refused = {path: http.request(method, path, headers=headers, json={}).status_code
-                       for method, path in GUARDED}
+            refused = {
+                path: http.request(method, path, headers=headers, json={}).status_code for method, path in GUARDED
+            }
             assert set(refused.values()) == {401}, refused
         assert http.get("/is_paused", headers={"Authorization": f"Bearer {key}"}).status_code == 200
     stack.renderer.render([{"role": "user", "content": "hi"}])  # the stack's client holds the key

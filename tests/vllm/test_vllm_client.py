@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from vlrl.errors import BadInputError
 from vlrl.vllm.client import ClientConfig, VllmClient
 from vlrl.vllm.server import VllmServerError
-from vlrl.errors import BadInputError
 
 pytest.importorskip("httpx")
 
@@ -21,8 +21,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         kind = self.path.strip("/")
         if kind == "slow":
             time.sleep(2)
-        code, body = {"garbage": (200, b"<html>"), "list": (200, b"[1]"), "refuse": (400, b'{"error": {"message": "no"}}'),
-                      "down": (503, b"busy")}.get(kind, (200, b'{"ok": 1}'))
+        code, body = {
+            "garbage": (200, b"<html>"),
+            "list": (200, b"[1]"),
+            "refuse": (400, b'{"error": {"message": "no"}}'),
+            "down": (503, b"busy"),
+        }.get(kind, (200, b'{"ok": 1}'))
         self.send_response(code)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
@@ -43,9 +47,13 @@ def fake_url():
 def test_errors_name_url_and_problem(fake_url):
     client = VllmClient(fake_url, ClientConfig(timeout_s=0.5, retries=1, backoff_s=0.01))
     assert client.run(client.post(fake_url, "/ok", {}, what="t")) == {"ok": 1}
-    for path, err, text in [("/garbage", VllmServerError, "garbage"), ("/list", VllmServerError, "garbage"),
-                            ("/refuse", BadInputError, "no"), ("/down", VllmServerError, "2 attempts: HTTP 503"),
-                            ("/slow", VllmServerError, "timeout")]:
+    for path, err, text in [
+        ("/garbage", VllmServerError, "garbage"),
+        ("/list", VllmServerError, "garbage"),
+        ("/refuse", BadInputError, "no"),
+        ("/down", VllmServerError, "2 attempts: HTTP 503"),
+        ("/slow", VllmServerError, "timeout"),
+    ]:
         with pytest.raises(err, match=text) as info:
             client.run(client.post(fake_url, path, {}, what="t"))
         assert fake_url in str(info.value)

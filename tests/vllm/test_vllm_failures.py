@@ -10,9 +10,9 @@ import time
 
 import pytest
 import torch
+from vllm_cases import agreement_bounds
 
 from pytest_vlrl import assert_logprobs_agree
-from vllm_cases import agreement_bounds
 from vlrl.engines.types import SamplingParams
 from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
 from vlrl.train.batch import CollateSpec, collate

@@ -21,12 +21,36 @@ def _jsonl(path):
 def test_two_ranks_train_on_vllm_rollouts(vllm_stack, tiny, monkeypatch, tmp_path):
     stack = vllm_stack(ARCH)
     out = tmp_path / "run"
-    env = {**os.environ, "VLRL_VLLM_URL": stack.url, "VLRL_VLLM_API_KEY": stack.config.api_key,
-           "OMP_NUM_THREADS": "1", "VLRL_DEBUG": "1"}
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "vlrl", "train",
-            "color_square", "rollout.engine=vllm", "run.steps=2", "sft.steps=2", "sft.rows_per_step=4",
-            "rollout.rows_per_step=3", "rollout.repeats=3", "data.eval_rows=4", "run.eval_every=0", "run.samples=0",
-            "algo.kl_coef=0.05", "run.progress=False", f"run.out={out}"]
+    env = {
+        **os.environ,
+        "VLRL_VLLM_URL": stack.url,
+        "VLRL_VLLM_API_KEY": stack.config.api_key,
+        "OMP_NUM_THREADS": "1",
+        "VLRL_DEBUG": "1",
+    }
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "vlrl",
+        "train",
+        "color_square",
+        "rollout.engine=vllm",
+        "run.steps=2",
+        "sft.steps=2",
+        "sft.rows_per_step=4",
+        "rollout.rows_per_step=3",
+        "rollout.repeats=3",
+        "data.eval_rows=4",
+        "run.eval_every=0",
+        "run.samples=0",
+        "algo.kl_coef=0.05",
+        "run.progress=False",
+        f"run.out={out}",
+    ]
     try:
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
     finally:  # the run synced its weights into the session's server: back to the checkpoint

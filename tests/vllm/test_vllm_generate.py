@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 import torch
-
 from vllm_cases import conversations
+
 from vlrl.checks.logprobs import full_forward_logprobs
 from vlrl.engines.types import SamplingParams
 from vlrl.errors import BadInputError
@@ -28,8 +28,11 @@ def _max_delta(model, prompt, gen, temperature) -> float:
 def _spliced(prompt, prefix: tuple[int, ...]):
     """What a rollout does: new token history, placeholders shifted, vision tensors and payloads kept."""
     shift = len(prefix)
-    return dataclasses.replace(prompt, token_ids=prefix + prompt.token_ids,
-                               placeholders=tuple(PlaceholderRange(p.offset + shift, p.length) for p in prompt.placeholders))
+    return dataclasses.replace(
+        prompt,
+        token_ids=prefix + prompt.token_ids,
+        placeholders=tuple(PlaceholderRange(p.offset + shift, p.length) for p in prompt.placeholders),
+    )
 
 
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
@@ -37,8 +40,9 @@ def _spliced(prompt, prefix: tuple[int, ...]):
 def test_logprobs_match_full_forward(vllm_stack, tiny, arch, temperature):
     stack, model = vllm_stack(arch), tiny(arch).model
     prompt = stack.renderer.render(MESSAGES)
-    prefix = tuple(tiny(arch).renderer.render([{"role": "system", "content": "Be brief."}],
-                                              add_generation_prompt=False).token_ids)
+    prefix = tuple(
+        tiny(arch).renderer.render([{"role": "system", "content": "Be brief."}], add_generation_prompt=False).token_ids
+    )
     spliced = _spliced(prompt, prefix)
     params = SamplingParams(temperature=temperature, max_tokens=24, seed=7, ignore_eos=True)
     gens = stack.engine.generate([prompt, spliced], params)
@@ -62,16 +66,24 @@ def test_stops_match_embedded(vllm_stack, tiny):
     stack, bundle = vllm_stack("qwen2_5_vl"), tiny("qwen2_5_vl")
     prompt = stack.renderer.render(MESSAGES)
     base = stack.engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True))[0]
-    stop_str = base.text[len(base.text) // 2:len(base.text) // 2 + 2]
+    stop_str = base.text[len(base.text) // 2 : len(base.text) // 2 + 2]
     stop_tok = base.token_ids[5]
-    cases = [SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, stop=(stop_str,)),
-             SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, stop=(stop_str,),
-                            include_stop_str_in_output=False),
-             SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, stop_token_ids=(stop_tok,))]
+    cases = [
+        SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, stop=(stop_str,)),
+        SamplingParams(
+            temperature=0.0, max_tokens=32, ignore_eos=True, stop=(stop_str,), include_stop_str_in_output=False
+        ),
+        SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, stop_token_ids=(stop_tok,)),
+    ]
     got = stack.engine.generate([prompt] * 3, cases)
     want = bundle.engine.generate([bundle.renderer.render(MESSAGES)] * 3, cases)
     for g, w in zip(got, want):
-        assert (g.token_ids, g.text, g.finish_reason, g.stop_reason) == (w.token_ids, w.text, w.finish_reason, w.stop_reason)
+        assert (g.token_ids, g.text, g.finish_reason, g.stop_reason) == (
+            w.token_ids,
+            w.text,
+            w.finish_reason,
+            w.stop_reason,
+        )
         assert g.finish_reason == "stop"
     assert stop_str in got[0].text and stop_str not in got[1].text
 
@@ -89,7 +101,9 @@ def test_seeds_async_and_refusals(vllm_stack):
     assert [g.token_ids for g in asyncio.run(many())] == [g.token_ids for g in sync]
     with pytest.raises(ValueError, match="allow_truncation"):
         engine.generate([prompt], SamplingParams(top_k=5))
-    bad = dataclasses.replace(prompt, placeholders=tuple(PlaceholderRange(p.offset + 1, p.length) for p in prompt.placeholders))
+    bad = dataclasses.replace(
+        prompt, placeholders=tuple(PlaceholderRange(p.offset + 1, p.length) for p in prompt.placeholders)
+    )
     with pytest.raises(BadInputError, match="does not cover"):
         engine.generate([bad], SamplingParams(max_tokens=2))
     with pytest.raises(BadInputError, match="VllmRenderer"):

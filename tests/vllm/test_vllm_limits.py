@@ -28,15 +28,18 @@ def test_defaults_come_from_the_model(model_dir):
     assert resolve_limits(model_dir, max_model_len=1024, max_images_per_prompt=8).max_images_per_prompt == 8
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"max_model_len": 5000}, "max_position_embeddings"),
-    ({"max_model_len": 0}, "must be 1..4096"),
-    ({"max_model_len": 40}, "cannot hold one image"),
-    ({"max_images_per_prompt": 1025}, "holds 1..1024 images"),
-    ({"max_images_per_prompt": 0}, "holds 1..1024 images"),
-    ({"max_model_len": 400, "max_images_per_prompt": 101}, "a 400-token context holds 1..100 images"),
-    ({"kv_cache_gib": 0}, "cannot hold one 4096-token sequence"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"max_model_len": 5000}, "max_position_embeddings"),
+        ({"max_model_len": 0}, "must be 1..4096"),
+        ({"max_model_len": 40}, "cannot hold one image"),
+        ({"max_images_per_prompt": 1025}, "holds 1..1024 images"),
+        ({"max_images_per_prompt": 0}, "holds 1..1024 images"),
+        ({"max_model_len": 400, "max_images_per_prompt": 101}, "a 400-token context holds 1..100 images"),
+        ({"kv_cache_gib": 0}, "cannot hold one 4096-token sequence"),
+    ],
+)
 def test_limits_that_cannot_fit_are_refused_up_front(model_dir, kwargs, match):
     with pytest.raises(VllmLimitError, match=match):
         resolve_limits(model_dir, **kwargs)
@@ -57,13 +60,16 @@ def test_kv_cache_sized_for_a_full_context(model_dir, tmp_path):
         resolve_limits(tmp_path)
 
 
-@pytest.mark.parametrize("env, extras, max_turns, want", [
-    ("maze2d/5x5", {}, None, 8),     # one image per observation, 8 turns
-    ("maze2d/easy", {}, None, 30),
-    ("maze2d/easy", {}, 8, 8),       # the run's turn budget
-    ("maze2d/5x5", {"max_turns": 12}, 20, 12),  # capped by the env's own, as the rollout does
-    ("color_square", {}, None, 1),
-])
+@pytest.mark.parametrize(
+    "env, extras, max_turns, want",
+    [
+        ("maze2d/5x5", {}, None, 8),  # one image per observation, 8 turns
+        ("maze2d/easy", {}, None, 30),
+        ("maze2d/easy", {}, 8, 8),  # the run's turn budget
+        ("maze2d/5x5", {"max_turns": 12}, 20, 12),  # capped by the env's own, as the rollout does
+        ("color_square", {}, None, 1),
+    ],
+)
 def test_episode_images(env, extras, max_turns, want):
     assert episode_images(env, extras, max_turns) == want
 
@@ -91,6 +97,7 @@ def test_maze_episodes_play_every_turn_on_vllm_as_embedded(vllm_stack, tiny):
     cfg = RolloutConfig(sampling=SamplingParams(temperature=1.0, max_tokens=6), seed=5, progress=False)
     got = RolloutGenerator(stack.renderer, stack.engine, cfg).run(rows)
     want = RolloutGenerator(bundle.renderer, bundle.engine, cfg).run(rows)
-    assert [(len(t.turns), t.stop_reason) for t in got] == [(len(t.turns), t.stop_reason) for t in want], \
-        [t.error for t in got]
+    assert [(len(t.turns), t.stop_reason) for t in got] == [(len(t.turns), t.stop_reason) for t in want], [
+        t.error for t in got
+    ]
     assert all(t.stop_reason != "env_error" for t in got) and max(len(t.turns) for t in got) == 8

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from vllm_cases import conversations, image
+
 from vlrl.errors import BadInputError
-from vlrl.messages import encode_image, image_part, text_part
+from vlrl.messages import encode_image, text_part
 
 pytestmark = pytest.mark.vllm
 ARCH = "qwen2_5_vl"  # for the tests here that take no arch parameter
@@ -84,12 +84,14 @@ def _image_forms():
     """Every image-part form the embedded renderer accepts (``vlrl.messages``), for one image."""
     img = image(60, 90, 7)
     uri = encode_image(img)
-    return {"image_url": {"type": "image_url", "image_url": {"url": uri}},
-            "image_url_bare_string": {"type": "image_url", "image_url": uri},
-            "image_pil": {"type": "image", "image": img},
-            "image_array": {"type": "image", "image": np.asarray(img)},
-            "image_data_uri": {"type": "image", "image": uri},
-            "image_url_key": {"type": "image", "url": uri}}
+    return {
+        "image_url": {"type": "image_url", "image_url": {"url": uri}},
+        "image_url_bare_string": {"type": "image_url", "image_url": uri},
+        "image_pil": {"type": "image", "image": img},
+        "image_array": {"type": "image", "image": np.asarray(img)},
+        "image_data_uri": {"type": "image", "image": uri},
+        "image_url_key": {"type": "image", "url": uri},
+    }
 
 
 @pytest.mark.parametrize("form", sorted(_image_forms()))

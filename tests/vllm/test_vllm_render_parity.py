@@ -46,12 +46,14 @@ def images() -> dict[str, tuple[bytes, str]]:
     palette = rgba.convert("RGB").quantize(16)
     grey = Image.fromarray(colour[..., 0], "L")
     sixteen = Image.fromarray(np.linspace(0, 65535, 40 * 72).astype(np.uint16).reshape(40, 72))
-    out = {"RGBA": (_png(rgba), "image/png"),
-           "LA": (_png(Image.fromarray(np.dstack([colour[..., 0], alpha]), "LA")), "image/png"),
-           "palette tRNS": (_png(palette, transparency=int(np.asarray(palette)[0, 0])), "image/png"),
-           "palette alpha table": (_png(rgba.quantize(16)), "image/png"),
-           "grey tRNS": (_png(grey, transparency=int(colour[0, 0, 0])), "image/png"),
-           "16-bit grey": (_png(sixteen), "image/png")}
+    out = {
+        "RGBA": (_png(rgba), "image/png"),
+        "LA": (_png(Image.fromarray(np.dstack([colour[..., 0], alpha]), "LA")), "image/png"),
+        "palette tRNS": (_png(palette, transparency=int(np.asarray(palette)[0, 0])), "image/png"),
+        "palette alpha table": (_png(rgba.quantize(16)), "image/png"),
+        "grey tRNS": (_png(grey, transparency=int(colour[0, 0, 0])), "image/png"),
+        "16-bit grey": (_png(sixteen), "image/png"),
+    }
     for orientation in range(1, 9):
         out[f"JPEG EXIF {orientation}"] = (_jpeg(Image.fromarray(colour), orientation), "image/jpeg")
     return out

@@ -23,9 +23,22 @@ def test_color_square_recipe_runs_on_vllm(vllm_stack, tiny, monkeypatch, tmp_pat
     monkeypatch.setenv("VLRL_VLLM_API_KEY", stack.config.api_key)  # with its key
     out = tmp_path / "run"
     try:
-        rc = main(["train", "color_square", "rollout.engine=vllm", "run.steps=2", "sft.steps=2", "sft.rows_per_step=8",
-                   "rollout.rows_per_step=4", "data.eval_rows=8", "run.eval_every=0", "run.agreement=stop",
-                   "run.progress=False", f"run.out={out}"])
+        rc = main(
+            [
+                "train",
+                "color_square",
+                "rollout.engine=vllm",
+                "run.steps=2",
+                "sft.steps=2",
+                "sft.rows_per_step=8",
+                "rollout.rows_per_step=4",
+                "data.eval_rows=8",
+                "run.eval_every=0",
+                "run.agreement=stop",
+                "run.progress=False",
+                f"run.out={out}",
+            ]
+        )
     finally:  # the run synced its weights into the session's server: back to the checkpoint
         stack.engine.reload_checkpoint()
     assert rc == 0
@@ -44,17 +57,27 @@ def test_color_square_recipe_runs_on_vllm(vllm_stack, tiny, monkeypatch, tmp_pat
 
 def test_a_dropped_sync_stops_the_run(vllm_stack, monkeypatch, tmp_path):
     """If the server does not take the new weights, the run stops at that sync (no silent staleness)."""
-    from vlrl.vllm.engine import VllmEngine
     from vlrl.train.config import load_config
     from vlrl.train.loop import train
     from vlrl.train.run import WeightSyncError
+    from vlrl.vllm.engine import VllmEngine
 
     stack = vllm_stack(ARCH)
     monkeypatch.setenv("VLRL_VLLM_URL", stack.url)
     monkeypatch.setenv("VLRL_VLLM_API_KEY", stack.config.api_key)
     monkeypatch.setattr(VllmEngine, "update_weights", lambda self, named, version=None, **kw: version)  # drops them
-    cfg = load_config("color_square", ["rollout.engine=vllm", "run.steps=1", "sft.steps=1", "sft.rows_per_step=8",
-                                       "data.eval_rows=4", "run.progress=False", f"run.out={tmp_path / 'run'}"])
+    cfg = load_config(
+        "color_square",
+        [
+            "rollout.engine=vllm",
+            "run.steps=1",
+            "sft.steps=1",
+            "sft.rows_per_step=8",
+            "data.eval_rows=4",
+            "run.progress=False",
+            f"run.out={tmp_path / 'run'}",
+        ],
+    )
     try:
         with pytest.raises(WeightSyncError, match="does not hold the trainer's weights"):
             train(cfg)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from vllm_cases import agreement_bounds
 
 from pytest_vlrl import assert_logprobs_agree
-from vllm_cases import agreement_bounds
 from vlrl.checks.agreement import batch_agreement
 from vlrl.engines.types import SamplingParams
 from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
@@ -55,11 +55,15 @@ def test_trainer_step_then_sync_serves_the_trainers_weights(vllm_stack, tiny, re
         batch = collate(trajs, CollateSpec.from_model(model))
         with torch.no_grad():
             new, old = policy_forward(model, batch), policy_forward(bundle.model, batch)
-        report = assert_logprobs_agree(batch, new, bounds=agreement_bounds())  # ≤ 1e-4 per turn under the trained weights
+        report = assert_logprobs_agree(
+            batch, new, bounds=agreement_bounds()
+        )  # ≤ 1e-4 per turn under the trained weights
         moved = batch_agreement(batch, old).overall.max_abs
         assert moved > 1e-2  # ... and far from the checkpoint's: the logprobs followed the step
-        record_property("sync", {"probe_max_abs": probe, "after_sync_max_abs": report.overall.max_abs,
-                                 "vs_old_weights_max_abs": moved})
+        record_property(
+            "sync",
+            {"probe_max_abs": probe, "after_sync_max_abs": report.overall.max_abs, "vs_old_weights_max_abs": moved},
+        )
     finally:  # the session's server goes back to the checkpoint for later tests
         stack.engine.reload_checkpoint()
     assert stack.engine.verify_weights(bundle.model) <= 1e-4
@@ -73,13 +77,17 @@ def test_plain_vllm_reload_leaves_the_tied_head_stale(vllm_stack, tiny, tmp_path
     stack, bundle = vllm_stack(ARCH), tiny(ARCH)
     model = load_model(bundle.path)
     with torch.no_grad():
-        dict(model.named_parameters())[EMBED].add_(0.05 * torch.randn(dict(model.named_parameters())[EMBED].shape,
-                                                                       generator=torch.Generator().manual_seed(1)))
+        dict(model.named_parameters())[EMBED].add_(
+            0.05 * torch.randn(dict(model.named_parameters())[EMBED].shape, generator=torch.Generator().manual_seed(1))
+        )
     writer = CheckpointWriter(bundle.path, tmp_path)
     assert writer.merge(model.named_parameters()) == [EMBED]
     path = str(writer.write(1))
     client, url = stack.engine.client, stack.url
-    rpc = lambda method, **kw: client.run(client.post(url, "/collective_rpc", {"method": method, "kwargs": kw}, what=method))
+
+    def rpc(method: str, **kw):
+        return client.run(client.post(url, "/collective_rpc", {"method": method, "kwargs": kw}, what=method))
+
     try:
         rpc("reload_weights", weights_path=path)
         client.run(client.post(url, "/reset_encoder_cache", {}, what="reset"))  # (vlrl's sync does this too)

@@ -7,8 +7,16 @@ from PIL import Image
 
 from vlrl.messages import image_part, text_part
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather for a city",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 
 
 def image(h: int, w: int, seed: int) -> Image.Image:
@@ -18,20 +26,52 @@ def image(h: int, w: int, seed: int) -> Image.Image:
 def conversations() -> dict[str, tuple[list, list | None]]:
     """name -> (messages, tools)."""
     return {
-        "one_image": ([{"role": "user", "content": [image_part(image(112, 112, 0)), text_part("What is this?")]}], None),
-        "several_images": ([{"role": "user", "content": [image_part(image(112, 112, 1)), text_part("and"),
-                                                         image_part(image(90, 150, 2)), text_part("differ how?")]}], None),
-        "multi_turn": ([{"role": "system", "content": "Be brief."},
-                        {"role": "user", "content": [image_part(image(64, 80, 3)), text_part("Move?")]},
-                        {"role": "assistant", "content": "left"},
-                        {"role": "user", "content": [text_part("Now:"), image_part(image(96, 96, 4))]}], None),
-        "tool_call": ([{"role": "user", "content": "Weather in Paris?"},
-                       {"role": "assistant", "content": None, "tool_calls": [
-                           {"id": "c1", "type": "function",
-                            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
-                       {"role": "tool", "tool_call_id": "c1", "content": "sunny"}], TOOLS),
+        "one_image": (
+            [{"role": "user", "content": [image_part(image(112, 112, 0)), text_part("What is this?")]}],
+            None,
+        ),
+        "several_images": (
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        image_part(image(112, 112, 1)),
+                        text_part("and"),
+                        image_part(image(90, 150, 2)),
+                        text_part("differ how?"),
+                    ],
+                }
+            ],
+            None,
+        ),
+        "multi_turn": (
+            [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [image_part(image(64, 80, 3)), text_part("Move?")]},
+                {"role": "assistant", "content": "left"},
+                {"role": "user", "content": [text_part("Now:"), image_part(image(96, 96, 4))]},
+            ],
+            None,
+        ),
+        "tool_call": (
+            [
+                {"role": "user", "content": "Weather in Paris?"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+            ],
+            TOOLS,
+        ),
     }
-
 
 
 def agreement_bounds():

@@ -17,7 +17,8 @@ Advantages carry no gradient (rewards are data); callers need not detach them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -88,8 +89,9 @@ def _check_rewards(rewards: Tensor, response_mask: Tensor) -> None:
         raise ValueError(f"response_mask must be [B, T], got {tuple(response_mask.shape)}")
     ok = rewards.shape == response_mask.shape or tuple(rewards.shape) == (response_mask.shape[0],)
     if not ok:
-        raise ValueError(f"rewards must be [B] or [B, T]; got {tuple(rewards.shape)} "
-                         f"for response_mask {tuple(response_mask.shape)}")
+        raise ValueError(
+            f"rewards must be [B] or [B, T]; got {tuple(rewards.shape)} for response_mask {tuple(response_mask.shape)}"
+        )
 
 
 def _per_token(values: Tensor, response_mask: Tensor) -> Tensor:
@@ -105,9 +107,7 @@ def _group_sums(values: Tensor, index: Tensor, n_groups: int) -> Tensor:
 
 
 @register_advantage("grpo")
-def grpo_advantages(
-    rewards: Tensor, response_mask: Tensor, group_ids: GroupIds | None, cfg: AlgoConfig
-) -> Tensor:
+def grpo_advantages(rewards: Tensor, response_mask: Tensor, group_ids: GroupIds | None, cfg: AlgoConfig) -> Tensor:
     """Group-relative advantage: ``A_i = (s_i - mean_g) / (std_g + eps)`` on every response token.
 
     ``s_i`` is trajectory i's score (see module docstring); ``mean_g`` and the unbiased
@@ -127,9 +127,7 @@ def grpo_advantages(
 
 
 @register_advantage("rloo")
-def rloo_advantages(
-    rewards: Tensor, response_mask: Tensor, group_ids: GroupIds | None, cfg: AlgoConfig
-) -> Tensor:
+def rloo_advantages(rewards: Tensor, response_mask: Tensor, group_ids: GroupIds | None, cfg: AlgoConfig) -> Tensor:
     """REINFORCE leave-one-out: ``A_i = s_i - mean_{j in group, j != i} s_j``.
 
     Equals ``n/(n-1) * (s_i - mean_g)`` for a group of ``n``. No std normalisation.

@@ -23,7 +23,8 @@ micro-batch, biased towards small micro-batches otherwise.
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple, Protocol
+from collections.abc import Iterable
+from typing import NamedTuple, Protocol
 
 from torch import Tensor
 
@@ -80,8 +81,12 @@ def _denominator(count: Count | None, local: Tensor) -> Tensor | float:
 
 @register_aggregation("token_mean")
 def token_mean(
-    loss: Tensor, mask: Tensor, *, num_tokens: Count | None = None,
-    num_seqs: Count | None = None, norm_len: int | None = None,
+    loss: Tensor,
+    mask: Tensor,
+    *,
+    num_tokens: Count | None = None,
+    num_seqs: Count | None = None,
+    norm_len: int | None = None,
 ) -> Tensor:
     """Sum of unmasked token losses / ``num_tokens`` (default: this call's unmasked tokens).
 
@@ -93,8 +98,12 @@ def token_mean(
 
 @register_aggregation("seq_mean_token_mean")
 def seq_mean_token_mean(
-    loss: Tensor, mask: Tensor, *, num_tokens: Count | None = None,
-    num_seqs: Count | None = None, norm_len: int | None = None,
+    loss: Tensor,
+    mask: Tensor,
+    *,
+    num_tokens: Count | None = None,
+    num_seqs: Count | None = None,
+    norm_len: int | None = None,
 ) -> Tensor:
     """Mean over each row's unmasked tokens, summed over rows / ``num_seqs``.
 
@@ -108,8 +117,12 @@ def seq_mean_token_mean(
 
 @register_aggregation("seq_mean_token_sum_norm")
 def seq_mean_token_sum_norm(
-    loss: Tensor, mask: Tensor, *, num_tokens: Count | None = None,
-    num_seqs: Count | None = None, norm_len: int | None = None,
+    loss: Tensor,
+    mask: Tensor,
+    *,
+    num_tokens: Count | None = None,
+    num_seqs: Count | None = None,
+    norm_len: int | None = None,
 ) -> Tensor:
     """Each row's token-loss sum / ``norm_len``, summed over rows / ``num_seqs`` (Dr. GRPO).
 

@@ -12,8 +12,8 @@ import dataclasses
 import inspect
 from dataclasses import dataclass
 
-from vlrl.algos.aggregation import AGGREGATIONS
 from vlrl.algos.advantages import ADVANTAGES
+from vlrl.algos.aggregation import AGGREGATIONS
 from vlrl.algos.correction import CORRECTION_LEVELS, CORRECTION_MODES
 from vlrl.algos.kl import KL_ESTIMATORS
 from vlrl.algos.policy_losses import POLICY_LOSSES
@@ -96,8 +96,10 @@ class AlgoConfig:
         _check(self.correction_cap > 0, "correction_cap must be > 0")
         _check(0 <= self.correction_low <= self.correction_high, "need 0 <= correction_low <= correction_high")
         if self.loss_agg == "seq_mean_token_sum_norm":
-            _check(self.loss_norm_len is not None and self.loss_norm_len > 0,
-                   "seq_mean_token_sum_norm needs loss_norm_len > 0 (the run's max response length)")
+            _check(
+                self.loss_norm_len is not None and self.loss_norm_len > 0,
+                "seq_mean_token_sum_norm needs loss_norm_len > 0 (the run's max response length)",
+            )
 
     def replace(self, **changes: object) -> AlgoConfig:
         """A copy with ``changes`` applied (and validated again)."""

@@ -22,13 +22,20 @@ all are equal, 0 when all are masked) and ``logprob_abs_diff_mean`` (mean ``|d_t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from vlrl.algos.masked import (
-    check_same_shape, masked_max, masked_mean, masked_min, masked_sum, safe_log_ratio, zero_masked,
+    check_same_shape,
+    masked_max,
+    masked_mean,
+    masked_min,
+    masked_sum,
+    safe_log_ratio,
+    zero_masked,
 )
 from vlrl.registry import Registry
 

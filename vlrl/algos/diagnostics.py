@@ -38,7 +38,8 @@ def advantage_stats(advantages: Tensor, mask: Tensor, returns: Tensor, group_ids
     index, n_groups = group_index(group_ids, advantages.shape[0], advantages.device)
     row_max = torch.where(m, advantages.abs(), torch.zeros_like(advantages)).amax(dim=-1)  # [B]
     group_max = torch.zeros(n_groups, dtype=row_max.dtype, device=row_max.device).scatter_reduce(
-        0, index, row_max, reduce="amax")
+        0, index, row_max, reduce="amax"
+    )
     r = returns.to(torch.float64)
     lo = torch.full((n_groups,), float("inf"), dtype=r.dtype, device=r.device).scatter_reduce(0, index, r, "amin")
     hi = torch.full((n_groups,), float("-inf"), dtype=r.dtype, device=r.device).scatter_reduce(0, index, r, "amax")
@@ -65,4 +66,4 @@ def grad_norms_by_group(named_params: Iterable[tuple[str, Tensor]], group_of: Ca
         if p.grad is not None:
             g = group_of(name)
             sq[g] = sq.get(g, 0.0) + float(p.grad.detach().double().square().sum())
-    return {g: v ** 0.5 for g, v in sq.items()}
+    return {g: v**0.5 for g, v in sq.items()}

@@ -18,7 +18,8 @@ The importance ratio is ``r = exp(clamp(logprobs - old_logprobs, ±cfg.log_ratio
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor

@@ -21,8 +21,9 @@ engine guarantees one batch per call; vLLM batches what it is given as its sched
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vlrl.checks.bounds import bounds_for
 from vlrl.engines.types import Generation, SamplingParams
@@ -32,14 +33,13 @@ if TYPE_CHECKING:
 
 
 class BatchGenerator(Protocol):
-    def generate(self, prompts: Sequence["RenderedPrompt"],
-                 params: Sequence[SamplingParams]) -> list[Generation]: ...
+    def generate(self, prompts: Sequence[RenderedPrompt], params: Sequence[SamplingParams]) -> list[Generation]: ...
 
 
 class BatchVarianceError(AssertionError):
     """A prompt's logprobs changed with its batch beyond the bound; ``report`` holds the details."""
 
-    def __init__(self, message: str, report: "BatchInvarianceReport"):
+    def __init__(self, message: str, report: BatchInvarianceReport):
         super().__init__(message)
         self.report = report
 
@@ -57,8 +57,10 @@ class Difference:
     """Largest |Δ logprob| over the compared ids (inf: a top-1 id missing from the other top-k)."""
 
     def describe(self) -> str:
-        return (f"prompt {self.prompt} ({self.prompt_len} tokens) in batch {list(self.batch)} (width "
-                f"{self.batch_width}), generated position {self.position}: |Δ| {self.delta:.3g} vs alone")
+        return (
+            f"prompt {self.prompt} ({self.prompt_len} tokens) in batch {list(self.batch)} (width "
+            f"{self.batch_width}), generated position {self.position}: |Δ| {self.delta:.3g} vs alone"
+        )
 
 
 @dataclass(frozen=True)
@@ -79,9 +81,11 @@ class BatchInvarianceReport:
         return self.n_positions > 0 and self.max_abs <= self.bound
 
     def summary(self) -> str:
-        head = (f"{self.n_prompts} prompts in {self.n_batches} batches, {self.n_positions} positions: max |Δ| "
-                f"{self.max_abs:.3g} (bound {self.bound:g}), mean {self.mean_abs:.3g}, first token max "
-                f"{self.first_token_max_abs:.3g}")
+        head = (
+            f"{self.n_prompts} prompts in {self.n_batches} batches, {self.n_positions} positions: max |Δ| "
+            f"{self.max_abs:.3g} (bound {self.bound:g}), mean {self.mean_abs:.3g}, first token max "
+            f"{self.first_token_max_abs:.3g}"
+        )
         return head + (f"; worst: {self.worst[0].describe()}" if self.worst else "")
 
     def row(self) -> dict[str, Any]:
@@ -93,16 +97,29 @@ class BatchInvarianceReport:
             raise BatchVarianceError(f"logprobs depend on the batch: {self.summary()}", self)
 
 
-def check_batch_invariance(engine: BatchGenerator, prompts: Sequence["RenderedPrompt"], *,
-                           arrangements: Sequence[Sequence[int]] | None = None, dtype: Any = "float32",
-                           bound: float | None = None, max_tokens: int = 4, topk: int = 5, seed: int = 0,
-                           temperature: float = 1.0, n_worst: int = 5) -> BatchInvarianceReport:
+def check_batch_invariance(
+    engine: BatchGenerator,
+    prompts: Sequence[RenderedPrompt],
+    *,
+    arrangements: Sequence[Sequence[int]] | None = None,
+    dtype: Any = "float32",
+    bound: float | None = None,
+    max_tokens: int = 4,
+    topk: int = 5,
+    seed: int = 0,
+    temperature: float = 1.0,
+    n_worst: int = 5,
+) -> BatchInvarianceReport:
     """Generate each prompt alone, then each arrangement (indices into ``prompts``) as one batch;
     compare (see the module docstring). Default arrangements: all prompts in order, then reversed."""
     if not prompts:
         raise ValueError("check_batch_invariance needs at least one prompt")
-    params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed + i, ignore_eos=True,
-                             logprobs_topk=topk) for i in range(len(prompts))]
+    params = [
+        SamplingParams(
+            temperature=temperature, max_tokens=max_tokens, seed=seed + i, ignore_eos=True, logprobs_topk=topk
+        )
+        for i in range(len(prompts))
+    ]
     arrangements = [list(a) for a in (arrangements or [range(len(prompts)), reversed(range(len(prompts)))])]
     alone = [engine.generate([p], [sp])[0] for p, sp in zip(prompts, params)]
     diffs: list[Difference] = []
@@ -115,11 +132,15 @@ def check_batch_invariance(engine: BatchGenerator, prompts: Sequence["RenderedPr
     finite = [d for d in deltas if math.isfinite(d)]
     first = [d.delta for d in diffs if d.position == 0]
     return BatchInvarianceReport(
-        n_prompts=len(prompts), n_batches=len(arrangements), n_positions=len(diffs),
-        max_abs=max(deltas, default=0.0), mean_abs=sum(finite) / len(finite) if finite else math.inf,
+        n_prompts=len(prompts),
+        n_batches=len(arrangements),
+        n_positions=len(diffs),
+        max_abs=max(deltas, default=0.0),
+        mean_abs=sum(finite) / len(finite) if finite else math.inf,
         first_token_max_abs=max(first, default=0.0),
         bound=bounds_for(dtype).batch_invariance if bound is None else bound,
-        worst=tuple(sorted(diffs, key=lambda d: -d.delta)[:n_worst]))
+        worst=tuple(sorted(diffs, key=lambda d: -d.delta)[:n_worst]),
+    )
 
 
 def _compare(a: Generation, b: Generation) -> list[tuple[int, float]]:

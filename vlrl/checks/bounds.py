@@ -29,7 +29,7 @@ class AgreementBounds:
     """Smallest tie-aware top-k overlap at a probed position (fraction of the engine's k ids)."""
 
     @classmethod
-    def for_dtype(cls, dtype: Any) -> "AgreementBounds":
+    def for_dtype(cls, dtype: Any) -> AgreementBounds:
         """The agreement bounds of :data:`BOUNDS` for the model's weight dtype."""
         return bounds_for(dtype).agreement
 
@@ -52,7 +52,8 @@ BOUNDS: dict[str, DtypeBounds] = {
     # grid, Qwen2-VL) gives 1.5e-3, the SDPA stride-0 kernel bug 2.0–2.3 (first tokens past 1k).
     "float32": DtypeBounds(
         agreement=AgreementBounds(max_abs=1e-4, mean_abs=2e-5, k3=1e-7, vocab_kl=1e-6, min_topk_overlap=1.0),
-        batch_invariance=1e-4),
+        batch_invariance=1e-4,
+    ),
     # bf16 (engine and trainer both bf16, as GPU users run; LM head in fp32 on both sides): the decoder's
     # bf16 matmuls round differently in a 1-token decode step and a full-sequence forward. Measured on an
     # H100 (benchmarks/results/gpu_correctness_h100/): random-init 2b (28 layers), 384 tokens: mean |Δ|
@@ -67,7 +68,8 @@ BOUNDS: dict[str, DtypeBounds] = {
     # the fp32 runs' job (the CPU suite and `pytest -m gpu` run both dtypes).
     "bfloat16": DtypeBounds(
         agreement=AgreementBounds(max_abs=0.5, mean_abs=0.03, k3=1e-3, vocab_kl=1e-3, min_topk_overlap=0.6),
-        batch_invariance=0.25),
+        batch_invariance=0.25,
+    ),
 }
 BOUNDS["float64"] = BOUNDS["float32"]
 BOUNDS["float16"] = BOUNDS["half"] = BOUNDS["bfloat16"]
@@ -77,6 +79,5 @@ def bounds_for(dtype: Any) -> DtypeBounds:
     """:data:`BOUNDS` for a torch dtype or its name (``torch.bfloat16``, ``"bfloat16"``)."""
     name = str(dtype).replace("torch.", "")
     if name not in BOUNDS:
-        raise ValueError(f"no bounds for dtype {dtype!r} (known: {', '.join(sorted(BOUNDS))}); "
-                         "pass bounds explicitly")
+        raise ValueError(f"no bounds for dtype {dtype!r} (known: {', '.join(sorted(BOUNDS))}); pass bounds explicitly")
     return BOUNDS[name]

@@ -16,13 +16,20 @@ from vlrl.cli import count
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("targets", nargs="*", metavar="TARGET",
-                        help="module:factory (factory(seed) -> Env) or a registered env name")
+    parser.add_argument(
+        "targets", nargs="*", metavar="TARGET", help="module:factory (factory(seed) -> Env) or a registered env name"
+    )
     parser.add_argument("--all", action="store_true", help="check every registered env (after importing targets)")
     parser.add_argument("--seed", type=count(0), default=0, help="first seed (default 0)")
-    parser.add_argument("--episodes", type=count(1), default=2, help="episodes played twice for determinism (default 2)")
-    parser.add_argument("--n-hostile", type=count(0), default=40,
-                        help="hypothesis-generated hostile texts on top of the fixed corpus (default 40)")
+    parser.add_argument(
+        "--episodes", type=count(1), default=2, help="episodes played twice for determinism (default 2)"
+    )
+    parser.add_argument(
+        "--n-hostile",
+        type=count(0),
+        default=40,
+        help="hypothesis-generated hostile texts on top of the fixed corpus (default 40)",
+    )
 
 
 def resolve(target: str) -> tuple[str, Any]:
@@ -60,8 +67,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     failed = 0
     for name, factory in targets:
-        report = check_env(factory, name=name, seed=args.seed, n_episodes=args.episodes, n_hostile=args.n_hostile,
-                           raise_on_failure=False)
+        report = check_env(
+            factory,
+            name=name,
+            seed=args.seed,
+            n_episodes=args.episodes,
+            n_hostile=args.n_hostile,
+            raise_on_failure=False,
+        )
         print(report.summary())
         failed += not report.ok
     return 1 if failed else 0

@@ -33,8 +33,14 @@ from vlrl.envs.contract import PLACEHOLDER_PROMPT, Env, EpisodeDoneError, StepRe
 from vlrl.errors import BadInputError, VlrlError
 from vlrl.messages import IMAGE_PART_TYPES, iter_parts, load_image, validate_messages
 
-GENERIC_ACTIONS = ["<action>left</action>", "<action>stop</action>", "('move', 0)", "<answer>red</answer>",
-                   "\\boxed{1}", "hello"]
+GENERIC_ACTIONS = [
+    "<action>left</action>",
+    "<action>stop</action>",
+    "('move', 0)",
+    "<answer>red</answer>",
+    "\\boxed{1}",
+    "hello",
+]
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,10 @@ class EnvCheckReport:
         return not self.failures
 
     def summary(self) -> str:
-        head = (f"{self.name}: {'PASS' if self.ok else 'FAIL'} ({len(self.checks)} checks, {self.n_steps} steps, "
-                f"{self.n_hostile} hostile texts, {self.seconds:.1f}s)")
+        head = (
+            f"{self.name}: {'PASS' if self.ok else 'FAIL'} ({len(self.checks)} checks, {self.n_steps} steps, "
+            f"{self.n_hostile} hostile texts, {self.seconds:.1f}s)"
+        )
         return "\n".join([head, *(f"  [{f.check}] {f.detail}" for f in self.failures)])
 
 
@@ -80,8 +88,15 @@ def _short(text: Any, n: int = 80) -> str:
 class _Checker:
     """State of one check_env run: options, failures, counters."""
 
-    def __init__(self, factory: Callable[[int], Env], *, prompt: list[dict[str, Any]], min_side: int,
-                 max_side: int, max_step_seconds: float):
+    def __init__(
+        self,
+        factory: Callable[[int], Env],
+        *,
+        prompt: list[dict[str, Any]],
+        min_side: int,
+        max_side: int,
+        max_step_seconds: float,
+    ):
         self.factory, self.prompt = factory, prompt
         self.min_side, self.max_side, self.max_step_seconds = min_side, max_side, max_step_seconds
         self.failures: list[CheckFailure] = []
@@ -130,8 +145,11 @@ class _Checker:
                 self.fail("images", f"{where}: {exc}")
                 continue
             if not all(self.min_side <= side <= self.max_side for side in image.size):
-                self.fail("images", f"{where}: image {image.size[0]}x{image.size[1]} outside "
-                                    f"[{self.min_side}, {self.max_side}] px per side")
+                self.fail(
+                    "images",
+                    f"{where}: image {image.size[0]}x{image.size[1]} outside "
+                    f"[{self.min_side}, {self.max_side}] px per side",
+                )
 
     def canon(self, messages: Any, where: str) -> str:
         try:
@@ -146,8 +164,10 @@ class _Checker:
         try:
             result = env.step(text)
         except Exception as exc:
-            self.fail("hostile" if where.startswith("hostile") else "step",
-                      f"{where}: step({_short(text)}) raised {type(exc).__name__}: {_short(str(exc), 200)}")
+            self.fail(
+                "hostile" if where.startswith("hostile") else "step",
+                f"{where}: step({_short(text)}) raised {type(exc).__name__}: {_short(str(exc), 200)}",
+            )
             return None
         finally:
             self.n_steps += 1
@@ -178,8 +198,10 @@ class _Checker:
         except EpisodeDoneError:
             return
         except Exception as exc:
-            self.fail("step_after_done", f"{where}: step after done raised {type(exc).__name__} "
-                                         f"instead of EpisodeDoneError: {_short(str(exc))}")
+            self.fail(
+                "step_after_done",
+                f"{where}: step after done raised {type(exc).__name__} instead of EpisodeDoneError: {_short(str(exc))}",
+            )
             return
         self.fail("step_after_done", f"{where}: step after done returned instead of raising EpisodeDoneError")
 
@@ -233,10 +255,20 @@ class _Checker:
             self.close(env, "hostile")
 
 
-def check_env(factory: Callable[[int], Env] | str, *, name: str | None = None, seed: int = 0,
-              actions: Sequence[str] | None = None, n_episodes: int = 2, n_hostile: int = 40,
-              prompt: list[dict[str, Any]] | None = None, min_image_side: int = 8, max_image_side: int = 1024,
-              max_step_seconds: float = 5.0, raise_on_failure: bool = True) -> EnvCheckReport:
+def check_env(
+    factory: Callable[[int], Env] | str,
+    *,
+    name: str | None = None,
+    seed: int = 0,
+    actions: Sequence[str] | None = None,
+    n_episodes: int = 2,
+    n_hostile: int = 40,
+    prompt: list[dict[str, Any]] | None = None,
+    min_image_side: int = 8,
+    max_image_side: int = 1024,
+    max_step_seconds: float = 5.0,
+    raise_on_failure: bool = True,
+) -> EnvCheckReport:
     """Run the conformance checks (module docstring) on envs from ``factory``; see :class:`EnvCheckReport`.
 
     actions: texts to play episodes with; default ``env.example_actions`` if present, else generic ones.
@@ -250,8 +282,13 @@ def check_env(factory: Callable[[int], Env] | str, *, name: str | None = None, s
         name, factory = name or factory, env_factory(factory)
     name = name or getattr(factory, "__name__", repr(factory))
     t0 = time.perf_counter()
-    checker = _Checker(factory, prompt=prompt or [dict(m) for m in PLACEHOLDER_PROMPT], min_side=min_image_side,
-                       max_side=max_image_side, max_step_seconds=max_step_seconds)
+    checker = _Checker(
+        factory,
+        prompt=prompt or [dict(m) for m in PLACEHOLDER_PROMPT],
+        min_side=min_image_side,
+        max_side=max_image_side,
+        max_step_seconds=max_step_seconds,
+    )
     probe, _ = checker.start(seed)
     if probe is not None:
         actions = list(actions or getattr(probe, "example_actions", None) or GENERIC_ACTIONS)
@@ -261,17 +298,37 @@ def check_env(factory: Callable[[int], Env] | str, *, name: str | None = None, s
             first, second = checker.episode(seed + k, script), checker.episode(seed + k, script)
             if first is not None and second is not None and first != second:
                 at = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), min(len(first), len(second)))
-                checker.fail("determinism", f"seed {seed + k}: two runs with the same actions differ at "
-                                            f"{'init' if at == 0 else f'turn {at}'}")
+                checker.fail(
+                    "determinism",
+                    f"seed {seed + k}: two runs with the same actions differ at {'init' if at == 0 else f'turn {at}'}",
+                )
         with tempfile.TemporaryDirectory(prefix="vlrl-canary-") as tmp:
             texts = fixed_corpus(Path(tmp)) + hypothesis_texts(n_hostile)
             checker.hostile(texts, seed + 10_000, ExecutionSentinel())
             for trace in canary_traces(Path(tmp)):
                 checker.fail("canary", f"a canary payload was executed: {trace}")
-    report = EnvCheckReport(name, ("construct", "init", "types", "messages", "images", "done", "step_after_done",
-                                   "determinism", "close", "hostile", "no_execution", "canary", "slow"),
-                            tuple(checker.failures), checker.n_steps, len(texts) if probe is not None else 0,
-                            time.perf_counter() - t0)
+    report = EnvCheckReport(
+        name,
+        (
+            "construct",
+            "init",
+            "types",
+            "messages",
+            "images",
+            "done",
+            "step_after_done",
+            "determinism",
+            "close",
+            "hostile",
+            "no_execution",
+            "canary",
+            "slow",
+        ),
+        tuple(checker.failures),
+        checker.n_steps,
+        len(texts) if probe is not None else 0,
+        time.perf_counter() - t0,
+    )
     if raise_on_failure and not report.ok:
         raise EnvConformanceError(report)
     return report

@@ -25,6 +25,8 @@ from typing import Any
 CANARY_MODULE = "vlrl_canary_module_never_exists"
 CANARY_FLAG = "vlrl_canary_flag"
 
+# A table of strings: one per line would be 55 lines of noise.
+# fmt: off
 FRAGMENTS = [
     "", " ", "\n", "\t", "\x00", "\x1b[2J", "\r\n", "\u202e", "\ufeff", "\U0001f600", "\udcff", "é", "\u0301",
     "<action>", "</action>", "<action>left</action>", "<action>STOP</action>", "<action>", "<answer>",
@@ -34,6 +36,7 @@ FRAGMENTS = [
     "<|begin_of_box|>", "<|im_end|>", "<think>", "__import__('os').system('true')", "eval(", "exec(",
     "().__class__.__base__.__subclasses__()", "lambda: 0", "\\x00", "%s%s%n", "{0.__init__}", "' OR 1=1 --",
 ]
+# fmt: on
 
 
 def canary_payloads(canary_dir: Path) -> list[str]:
@@ -46,7 +49,7 @@ def canary_payloads(canary_dir: Path) -> list[str]:
         f"__import__('{CANARY_MODULE}')",
         f"<action>__import__('{CANARY_MODULE}')</action>",
         f"('move', __import__('{CANARY_MODULE}'))",
-        f"<tool_call>{{\"name\": \"calc_score\", \"arguments\": {{\"answer\": \"__import__('{CANARY_MODULE}')\"}}}}"
+        f'<tool_call>{{"name": "calc_score", "arguments": {{"answer": "__import__(\'{CANARY_MODULE}\')"}}}}'
         "</tool_call>",
         f"\\boxed{{__import__('{CANARY_MODULE}')}}",
         f"```python\nimport {CANARY_MODULE}\n```",
@@ -57,12 +60,30 @@ def fixed_corpus(canary_dir: Path) -> list[str]:
     """The always-run hostile texts: empty, huge, control characters, unclosed tags, canaries."""
     mib = 1 << 20
     return [
-        "", " " * 10, "\x00" * 100, "a" * mib, "<action>" * (mib // 8), "<tool_call>{" * (mib // 12),
-        "\\boxed{" * (mib // 7), "(" * mib, "{" * (mib // 2) + "}" * (mib // 2), "`" * 100_000,
-        "<action>left</action>" * 10_000, "<answer>" * 5000 + "red", "[" * 5000 + "]" * 5000,
-        "\U0001f600" * 50_000, "\u202e<action>left</action>", "<ACTION> Right </ACTION>", "<action>left",
-        "<action><action>up</action></action>", "('move', 0, 1)", "('move', -1)", "('stop', 'done')",
-        "('fly', 1)", "\\boxed{" + "(" * 500 + "1" + ")" * 500 + "}", "\\boxed{9^{9^{9^{9}}}}",
+        "",
+        " " * 10,
+        "\x00" * 100,
+        "a" * mib,
+        "<action>" * (mib // 8),
+        "<tool_call>{" * (mib // 12),
+        "\\boxed{" * (mib // 7),
+        "(" * mib,
+        "{" * (mib // 2) + "}" * (mib // 2),
+        "`" * 100_000,
+        "<action>left</action>" * 10_000,
+        "<answer>" * 5000 + "red",
+        "[" * 5000 + "]" * 5000,
+        "\U0001f600" * 50_000,
+        "\u202e<action>left</action>",
+        "<ACTION> Right </ACTION>",
+        "<action>left",
+        "<action><action>up</action></action>",
+        "('move', 0, 1)",
+        "('move', -1)",
+        "('stop', 'done')",
+        "('fly', 1)",
+        "\\boxed{" + "(" * 500 + "1" + ")" * 500 + "}",
+        "\\boxed{9^{9^{9^{9}}}}",
         '<tool_call>{"name": "calc_score", "arguments": "' + "[" * 3000 + '"}</tool_call>',
         '<tool_call>{"function": {"name": "calc_score", "arguments": {"answer": null}}}</tool_call>',
         *canary_payloads(canary_dir),
@@ -77,7 +98,8 @@ def hypothesis_texts(n: int) -> list[str]:
     if n <= 0:
         return []
     try:
-        from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+        from hypothesis import HealthCheck, Phase, given, settings
+        from hypothesis import strategies as st
     except ImportError:
         return []
     fragment = st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=24))
@@ -85,8 +107,14 @@ def hypothesis_texts(n: int) -> list[str]:
     repeated = st.tuples(st.sampled_from(FRAGMENTS[13:]), st.integers(1, 20_000)).map(lambda t: t[0] * t[1])
     texts: list[str] = []
 
-    @settings(max_examples=n, database=None, derandomize=True, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=n,
+        database=None,
+        derandomize=True,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.one_of(mixture, mixture, repeated))
     def collect(text: str) -> None:
         texts.append(text)
@@ -97,9 +125,27 @@ def hypothesis_texts(n: int) -> list[str]:
 
 # ---------------------------------------------------------------- the sentinel
 
-_WATCHED = {"os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
-            "socket.connect", "socket.bind", "ctypes.dlopen", "shutil.rmtree", "os.remove", "os.rename",
-            "os.rmdir", "os.mkdir", "os.truncate", "os.kill", "pty.spawn", "webbrowser.open"}
+_WATCHED = {
+    "os.system",
+    "subprocess.Popen",
+    "os.exec",
+    "os.posix_spawn",
+    "os.spawn",
+    "os.fork",
+    "os.forkpty",
+    "socket.connect",
+    "socket.bind",
+    "ctypes.dlopen",
+    "shutil.rmtree",
+    "os.remove",
+    "os.rename",
+    "os.rmdir",
+    "os.mkdir",
+    "os.truncate",
+    "os.kill",
+    "pty.spawn",
+    "webbrowser.open",
+}
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _state = threading.local()
 _installed = False
@@ -116,7 +162,8 @@ def _describe(event: str, args: tuple[Any, ...]) -> str | None:
     if event == "open":
         path, mode, flags = (tuple(args) + (None, None, None))[:3]
         writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-            isinstance(flags, int) and mode is None and flags & _WRITE_FLAGS)
+            isinstance(flags, int) and mode is None and flags & _WRITE_FLAGS
+        )
         return f"open({str(path)[:80]!r}, {mode!r}) for writing" if writes else None
     if event in _WATCHED:
         return f"{event}{tuple(str(a)[:60] for a in args)}"

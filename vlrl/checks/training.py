@@ -35,11 +35,16 @@ class RunRecord:
     image_sensitivity: list[dict] = field(default_factory=list)
 
     @classmethod
-    def load(cls, run_dir: str | Path) -> "RunRecord":
+    def load(cls, run_dir: str | Path) -> RunRecord:
         d = Path(run_dir)
         summary = json.loads((d / "summary.json").read_text()) if (d / "summary.json").exists() else {}
-        return cls(d, summary, read_jsonl(d / "metrics.jsonl"), read_jsonl(d / "agreement.jsonl"),
-                   read_jsonl(d / "image_sensitivity.jsonl"))
+        return cls(
+            d,
+            summary,
+            read_jsonl(d / "metrics.jsonl"),
+            read_jsonl(d / "agreement.jsonl"),
+            read_jsonl(d / "image_sensitivity.jsonl"),
+        )
 
     def phase(self, name: str) -> list[dict]:
         return [m for m in self.metrics if m.get("phase") == name]
@@ -64,8 +69,10 @@ def agreement_held(record: RunRecord, steps: int | None = None) -> None:
     bad = [a for a in record.agreement if a["breached"] or a["max_abs"] > a["bound"]]
     if bad:
         worst = max(bad, key=lambda a: a["max_abs"])
-        raise TrainingCheckError(f"logprob agreement breached at {len(bad)} step(s); worst step {worst['step']}: "
-                                 f"max |Δ| {worst['max_abs']:.3g} > bound {worst['bound']:.3g}")
+        raise TrainingCheckError(
+            f"logprob agreement breached at {len(bad)} step(s); worst step {worst['step']}: "
+            f"max |Δ| {worst['max_abs']:.3g} > bound {worst['bound']:.3g}"
+        )
 
 
 def images_mattered(record: RunRecord) -> None:
@@ -76,8 +83,10 @@ def images_mattered(record: RunRecord) -> None:
     bad = [r for r in rows if not r["passed"]]
     if bad:
         r = bad[0]
-        raise TrainingCheckError(f"image-sensitivity probe '{r['label']}' failed: {r['sensitive_fraction']:.0%} of "
-                                 f"{r['turns']} turns moved by >= {r['min_mean_abs']:g} when their image changed")
+        raise TrainingCheckError(
+            f"image-sensitivity probe '{r['label']}' failed: {r['sensitive_fraction']:.0%} of "
+            f"{r['turns']} turns moved by >= {r['min_mean_abs']:g} when their image changed"
+        )
 
 
 def changed_parameters(before: dict, after: dict) -> list[str]:

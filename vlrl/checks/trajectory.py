@@ -25,6 +25,7 @@ def check_trajectory(traj, *, image_pad_id: int, merge_size: int = 2) -> None:
     - pad-token runs are the placeholders, one per image, each ``prod(grid) / merge_size²`` long,
       and ``pixel_values`` has ``sum(prod(grid))`` rows.
     """
+
     def fail(what: str) -> None:
         raise TrajectoryIntegrityError(f"trajectory {traj.uid}: {what}")
 
@@ -64,10 +65,12 @@ def check_images(traj, *, image_pad_id: int, merge_size: int = 2, error: type = 
     expected = 0
     for i, ph in enumerate(traj.placeholders):
         want = int(grid[i].prod()) // merge_size**2
-        run = ids[ph.offset:ph.offset + ph.length]
+        run = ids[ph.offset : ph.offset + ph.length]
         if ph.length != want or run.numel() != want or not bool((run == image_pad_id).all()):
-            fail(f"image {i} grid {grid[i].tolist()} needs {want} pad tokens at offset {ph.offset}, the sequence "
-                 f"has a run of {int((run == image_pad_id).sum())} (placeholder length {ph.length})")
+            fail(
+                f"image {i} grid {grid[i].tolist()} needs {want} pad tokens at offset {ph.offset}, the sequence "
+                f"has a run of {int((run == image_pad_id).sum())} (placeholder length {ph.length})"
+            )
         expected += want
     n_pads = int((ids == image_pad_id).sum())
     if n_pads != expected:
@@ -75,7 +78,9 @@ def check_images(traj, *, image_pad_id: int, merge_size: int = 2, error: type = 
     rows = 0 if traj.pixel_values is None else int(traj.pixel_values.shape[0])
     want_rows = 0 if grid is None else int(grid.prod(-1).sum())
     if rows != want_rows:
-        fail(f"pixel_values has {rows} patch rows, the image grids {[] if grid is None else grid.tolist()} "
-             f"need {want_rows}")
+        fail(
+            f"pixel_values has {rows} patch rows, the image grids {[] if grid is None else grid.tolist()} "
+            f"need {want_rows}"
+        )
     if len(traj.image_hashes) != n_grid:
         fail(f"{len(traj.image_hashes)} image hashes for {n_grid} images")

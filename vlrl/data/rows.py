@@ -30,13 +30,15 @@ class EnvRow:
 
     def to_record(self) -> dict[str, Any]:
         """The row as flat parquet columns (nested fields as JSON strings)."""
-        return {"prompt": json.dumps(self.prompt, sort_keys=True, ensure_ascii=False),
-                "env_class": self.env_class,
-                "extras": json.dumps(self.extras, sort_keys=True, ensure_ascii=False),
-                "seed": self.seed}
+        return {
+            "prompt": json.dumps(self.prompt, sort_keys=True, ensure_ascii=False),
+            "env_class": self.env_class,
+            "extras": json.dumps(self.extras, sort_keys=True, ensure_ascii=False),
+            "seed": self.seed,
+        }
 
     @classmethod
-    def from_record(cls, record: dict[str, Any]) -> "EnvRow":
+    def from_record(cls, record: dict[str, Any]) -> EnvRow:
         missing = [c for c in ("prompt", "env_class") if c not in record]
         if missing:
             raise BadInputError(f"dataset row lacks column(s) {missing}")

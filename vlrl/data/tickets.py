@@ -37,8 +37,9 @@ def train_seeds(n: int, train_seed: int | None = None) -> list[int]:
     return list(seeds)
 
 
-def make_rows(env_class: str, seeds: list[int], extras: Mapping[str, Any] | None = None,
-              with_prompts: bool = False) -> list[EnvRow]:
+def make_rows(
+    env_class: str, seeds: list[int], extras: Mapping[str, Any] | None = None, with_prompts: bool = False
+) -> list[EnvRow]:
     """One row per seed; see the module docstring for tickets vs image-prompt rows."""
     rows = []
     for seed in seeds:
@@ -55,8 +56,17 @@ def make_rows(env_class: str, seeds: list[int], extras: Mapping[str, Any] | None
     return rows
 
 
-def build_splits(env_class: str, n_train: int, n_eval: int, *, extras: Mapping[str, Any] | None = None,
-                 with_prompts: bool = False, train_seed: int | None = None) -> dict[str, list[EnvRow]]:
+def build_splits(
+    env_class: str,
+    n_train: int,
+    n_eval: int,
+    *,
+    extras: Mapping[str, Any] | None = None,
+    with_prompts: bool = False,
+    train_seed: int | None = None,
+) -> dict[str, list[EnvRow]]:
     """``{"train": rows, "eval": rows}``."""
-    return {"train": make_rows(env_class, train_seeds(n_train, train_seed), extras, with_prompts),
-            "eval": make_rows(env_class, eval_seeds(n_eval), extras, with_prompts)}
+    return {
+        "train": make_rows(env_class, train_seeds(n_train, train_seed), extras, with_prompts),
+        "eval": make_rows(env_class, eval_seeds(n_eval), extras, with_prompts),
+    }

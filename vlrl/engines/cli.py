@@ -17,7 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="checkpoint directory (ours or a downloaded Qwen-VL one)")
     parser.add_argument("--messages", help="JSON file with an OpenAI-format message list")
     parser.add_argument("--prompt", help="a plain user prompt (instead of --messages)")
-    parser.add_argument("--image", action="append", default=[], help="PNG or JPEG file to attach to --prompt (repeatable)")
+    parser.add_argument(
+        "--image", action="append", default=[], help="PNG or JPEG file to attach to --prompt (repeatable)"
+    )
     parser.add_argument("--max-tokens", type=count(1), default=32)
     parser.add_argument("--temperature", type=non_negative_float, default=1.0, help="0 = greedy")
     parser.add_argument("--seed", type=count(0), default=0)
@@ -72,7 +74,16 @@ def run(args: argparse.Namespace) -> int:
     engine = EmbeddedEngine.from_pretrained(args.model, device=args.device)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
     gen = engine.generate([prompt], params)[0]
-    print(json.dumps({"prompt_tokens": len(prompt), "placeholders": [p.__dict__ for p in prompt.placeholders],
-                      "token_ids": gen.token_ids, "logprobs": [round(x, 6) for x in gen.logprobs],
-                      "finish_reason": gen.finish_reason, "text": gen.text}))
+    print(
+        json.dumps(
+            {
+                "prompt_tokens": len(prompt),
+                "placeholders": [p.__dict__ for p in prompt.placeholders],
+                "token_ids": gen.token_ids,
+                "logprobs": [round(x, 6) for x in gen.logprobs],
+                "finish_reason": gen.finish_reason,
+                "text": gen.text,
+            }
+        )
+    )
     return 0

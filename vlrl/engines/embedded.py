@@ -14,9 +14,9 @@ import asyncio
 import os
 import queue
 import threading
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 import torch
 
@@ -62,8 +62,9 @@ class EmbeddedEngine:
         self._worker: threading.Thread | None = None
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, *, device: str = "cpu", dtype=None, attention: str | None = None,
-                        **kwargs) -> "EmbeddedEngine":
+    def from_pretrained(
+        cls, path: str | os.PathLike, *, device: str = "cpu", dtype=None, attention: str | None = None, **kwargs
+    ) -> EmbeddedEngine:
         from vlrl.models.load import load_model, load_processor
 
         model = load_model(path, dtype=dtype, device=device, attention=attention)
@@ -82,8 +83,9 @@ class EmbeddedEngine:
         self._enqueue([request])
         return request.future
 
-    def generate(self, prompts: Sequence[RenderedPrompt],
-                 params: SamplingParams | Sequence[SamplingParams] = SamplingParams()) -> list[Generation]:
+    def generate(
+        self, prompts: Sequence[RenderedPrompt], params: SamplingParams | Sequence[SamplingParams] = SamplingParams()
+    ) -> list[Generation]:
         """Generate for every prompt, decoded together as one batch (``max_batch`` rows at a time);
         results in prompt order."""
         if isinstance(params, SamplingParams):
@@ -92,7 +94,7 @@ class EmbeddedEngine:
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         requests = [self._request(p, sp) for p, sp in zip(prompts, params)]
         for start in range(0, len(requests), self.max_batch):
-            self._enqueue(requests[start:start + self.max_batch])
+            self._enqueue(requests[start : start + self.max_batch])
         return [r.future.result() for r in requests]
 
     async def agenerate(self, prompt: RenderedPrompt, params: SamplingParams = SamplingParams()) -> Generation:
@@ -107,8 +109,9 @@ class EmbeddedEngine:
         bad = set(self.banned_ids.tolist()).intersection(params.stop_token_ids)
         if bad:
             raise ValueError(f"stop_token_ids {sorted(bad)} are vision placeholder ids, which are never sampled")
-        return _Request(prompt=prompt, params=params, max_new=min(params.max_tokens, self.max_context - n),
-                        future=Future())
+        return _Request(
+            prompt=prompt, params=params, max_new=min(params.max_tokens, self.max_context - n), future=Future()
+        )
 
     # ------------------------------------------------------------------ worker
 
@@ -179,8 +182,11 @@ class EmbeddedEngine:
             contract = contract_logprobs(logits, temps[active], self.banned_ids)
             lps = contract.gather(1, tokens[:, None])[:, 0]
             tops = top_logprobs(contract, [r.params.logprobs_topk for r in rows])
-            keep = [row for row, (i, tok, lp) in enumerate(zip(active, tokens.tolist(), lps.tolist()))
-                    if self._step(requests[i], tok, lp, tops[row])]
+            keep = [
+                row
+                for row, (i, tok, lp) in enumerate(zip(active, tokens.tolist(), lps.tolist()))
+                if self._step(requests[i], tok, lp, tops[row])
+            ]
             if not keep:
                 return
             if len(keep) < len(active):  # drop finished rows from the batch and the cache
@@ -190,8 +196,9 @@ class EmbeddedEngine:
                 active = [active[k] for k in keep]
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
             pos = next_pos.view(1, -1, 1).expand(3, -1, 1)
-            hidden = model.model(input_ids=tokens[:, None], attention_mask=attn, position_ids=pos,
-                                 past_key_values=cache, use_cache=True).last_hidden_state
+            hidden = model.model(
+                input_ids=tokens[:, None], attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True
+            ).last_hidden_state
             logits = fp32_logits(head, hidden[:, -1])
             next_pos = next_pos + 1
 
@@ -202,13 +209,19 @@ class EmbeddedEngine:
         mask = torch.zeros((len(requests), width), dtype=torch.long)
         for b, r in enumerate(requests):
             n = len(r.prompt.token_ids)
-            ids[b, width - n:] = torch.tensor(r.prompt.token_ids, dtype=torch.long)
-            mask[b, width - n:] = 1
+            ids[b, width - n :] = torch.tensor(r.prompt.token_ids, dtype=torch.long)
+            mask[b, width - n :] = 1
         with_images = [r.prompt for r in requests if r.prompt.n_images]
-        pixels = torch.cat([p.pixel_values for p in with_images]).to(self.device, self.model.dtype) if with_images else None
+        pixels = (
+            torch.cat([p.pixel_values for p in with_images]).to(self.device, self.model.dtype) if with_images else None
+        )
         grid = torch.cat([p.image_grid_thw for p in with_images]).to(self.device) if with_images else None
-        return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device), "pixel_values": pixels,
-                "image_grid_thw": grid}
+        return {
+            "input_ids": ids.to(self.device),
+            "attention_mask": mask.to(self.device),
+            "pixel_values": pixels,
+            "image_grid_thw": grid,
+        }
 
     def _step(self, r: _Request, token: int, logprob: float, top: tuple) -> bool:
         """Record one sampled token; returns True while the request goes on."""
@@ -238,17 +251,24 @@ class EmbeddedEngine:
             r.top.pop()
 
     def _finish(self, r: _Request, reason: str, stop_reason) -> bool:
-        r.finish = Generation(token_ids=tuple(r.ids), logprobs=tuple(r.logprobs), finish_reason=reason,
-                              stop_reason=stop_reason, text=self.tokenizer.decode(r.ids, skip_special_tokens=True),
-                              weight_version=self.weight_version, prompt_len=len(r.prompt.token_ids),
-                              top_logprobs=tuple(r.top) if r.params.logprobs_topk else ())
+        r.finish = Generation(
+            token_ids=tuple(r.ids),
+            logprobs=tuple(r.logprobs),
+            finish_reason=reason,
+            stop_reason=stop_reason,
+            text=self.tokenizer.decode(r.ids, skip_special_tokens=True),
+            weight_version=self.weight_version,
+            prompt_len=len(r.prompt.token_ids),
+            top_logprobs=tuple(r.top) if r.params.logprobs_topk else (),
+        )
         return False
 
     # ------------------------------------------------------------------ weights
 
     @torch.no_grad()
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | dict,
-                       version: int | None = None) -> int:
+    def update_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]] | dict, version: int | None = None
+    ) -> int:
         """Copy new weights into the model in place (between batches); returns the new weight version.
 
         Names are the model's ``named_parameters()`` names; every name must exist with the same shape.
@@ -260,8 +280,9 @@ class EmbeddedEngine:
                 if name not in params:
                     raise KeyError(f"update_weights: the engine's model has no parameter {name!r}")
                 if params[name].shape != tensor.shape:
-                    raise ValueError(f"update_weights: {name} has shape {tuple(params[name].shape)}, "
-                                     f"got {tuple(tensor.shape)}")
+                    raise ValueError(
+                        f"update_weights: {name} has shape {tuple(params[name].shape)}, got {tuple(tensor.shape)}"
+                    )
                 params[name].copy_(tensor.to(params[name].device, params[name].dtype))
             self.weight_version = self.weight_version + 1 if version is None else version
             return self.weight_version

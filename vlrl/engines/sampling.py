@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -69,8 +69,12 @@ def truncate(scaled: torch.Tensor, top_k: int, top_p: float, min_p: float) -> to
     return out
 
 
-def sample_tokens(logits: torch.Tensor, params: Sequence[SamplingParams], banned: torch.Tensor,
-                  generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+def sample_tokens(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    banned: torch.Tensor,
+    generators: Sequence[torch.Generator | None],
+) -> torch.Tensor:
     """Pick one token per row. logits ``[B, V]`` raw fp32; ``banned`` ``[n]`` ids never to be picked.
 
     Returns ``[B]`` int64. Greedy rows take the argmax of the banned-masked logits; sampled rows

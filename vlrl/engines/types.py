@@ -11,8 +11,9 @@ trainer needs only the logits, ``T`` and the vision ids.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol, Sequence
+from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
     from vlrl.render.types import RenderedPrompt
@@ -88,9 +89,10 @@ class Engine(Protocol):
 
     max_context: int
 
-    def generate(self, prompts: Sequence["RenderedPrompt"],
-                 params: SamplingParams | Sequence[SamplingParams]) -> list[Generation]: ...
+    def generate(
+        self, prompts: Sequence[RenderedPrompt], params: SamplingParams | Sequence[SamplingParams]
+    ) -> list[Generation]: ...
 
-    async def agenerate(self, prompt: "RenderedPrompt", params: SamplingParams) -> Generation: ...
+    async def agenerate(self, prompt: RenderedPrompt, params: SamplingParams) -> Generation: ...
 
     def update_weights(self, named_tensors, version: int | None = None) -> int: ...

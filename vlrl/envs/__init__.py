@@ -10,11 +10,34 @@ Built-ins: ``maze2d/easy``, ``maze2d/hard``, ``color_square``, ``geometry``, ``g
 (no torch, no transformers; gymnasium and sympy load when an env that needs them is made).
 """
 
-from vlrl.envs.contract import (PLACEHOLDER_PROMPT, Env, EnvError, EpisodeDoneError, Message, StepResult,
-                                is_placeholder)
-from vlrl.envs.registry import (env_factory, env_from_row, expert_for, make_env, register_env, register_expert,
-                                registered_envs, registered_experts, unregister_env)
+from vlrl.envs.contract import PLACEHOLDER_PROMPT, Env, EnvError, EpisodeDoneError, Message, StepResult, is_placeholder
+from vlrl.envs.registry import (
+    env_factory,
+    env_from_row,
+    expert_for,
+    make_env,
+    register_env,
+    register_expert,
+    registered_envs,
+    registered_experts,
+    unregister_env,
+)
 
-__all__ = ["PLACEHOLDER_PROMPT", "Env", "EnvError", "EpisodeDoneError", "Message", "StepResult", "env_factory",
-           "env_from_row", "expert_for", "is_placeholder", "make_env", "register_env", "register_expert",
-           "registered_envs", "registered_experts", "unregister_env"]
+__all__ = [
+    "PLACEHOLDER_PROMPT",
+    "Env",
+    "EnvError",
+    "EpisodeDoneError",
+    "Message",
+    "StepResult",
+    "env_factory",
+    "env_from_row",
+    "expert_for",
+    "is_placeholder",
+    "make_env",
+    "register_env",
+    "register_expert",
+    "registered_envs",
+    "registered_experts",
+    "unregister_env",
+]

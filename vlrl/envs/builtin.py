@@ -12,8 +12,10 @@ from typing import Any
 
 from vlrl.envs.registry import register_env, register_expert
 
-GYM_IDS = {"vlrl/Maze2D-v0": "vlrl.envs.maze2d:Maze2DEnv",
-           "vlrl/ColorSquare-v0": "vlrl.envs.color_square:ColorSquareEnv"}
+GYM_IDS = {
+    "vlrl/Maze2D-v0": "vlrl.envs.maze2d:Maze2DEnv",
+    "vlrl/ColorSquare-v0": "vlrl.envs.color_square:ColorSquareEnv",
+}
 
 
 def register_with_gymnasium() -> None:

@@ -27,7 +27,11 @@ from vlrl.envs.contract import EnvError
 from vlrl.envs.text_env import GymTextEnv, ParsedAction
 
 DEFAULT_PALETTE: dict[str, tuple[int, int, int]] = {
-    "red": (220, 30, 30), "green": (30, 170, 40), "blue": (30, 60, 220), "yellow": (240, 210, 20)}
+    "red": (220, 30, 30),
+    "green": (30, 170, 40),
+    "blue": (30, 60, 220),
+    "yellow": (240, 210, 20),
+}
 BACKGROUND = (255, 255, 255)
 
 _ANSWER_TAG = re.compile(r"<answer>\s*([A-Za-z]{1,20})\s*</answer>", re.IGNORECASE)
@@ -39,9 +43,14 @@ class ColorSquareEnv(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
 
-    def __init__(self, palette: Mapping[str, tuple[int, int, int]] | None = None, n_turns: int = 1,
-                 image_size: int = 56, square_sizes: tuple[int, int] = (16, 32),
-                 render_mode: str | None = "rgb_array"):
+    def __init__(
+        self,
+        palette: Mapping[str, tuple[int, int, int]] | None = None,
+        n_turns: int = 1,
+        image_size: int = 56,
+        square_sizes: tuple[int, int] = (16, 32),
+        render_mode: str | None = "rgb_array",
+    ):
         self.palette = dict(palette or DEFAULT_PALETTE)
         self.names = list(self.palette)
         lo, hi = int(square_sizes[0]), int(square_sizes[1])
@@ -82,7 +91,7 @@ class ColorSquareEnv(gym.Env):
         frame = np.empty((self.image_size, self.image_size, 3), dtype=np.uint8)
         frame[:] = BACKGROUND
         top, left, side = self.square
-        frame[top:top + side, left:left + side] = self.palette[self.names[self.colour]]
+        frame[top : top + side, left : left + side] = self.palette[self.names[self.colour]]
         return frame
 
     def _info(self, feedback: str) -> dict[str, Any]:
@@ -110,28 +119,40 @@ def colour_parser(names: list[str]):
 
 def color_square_prompt(names: list[str], n_turns: int) -> str:
     squares = "a square" if n_turns == 1 else f"{n_turns} squares, one per turn"
-    return (f"You will be shown {squares}. What colour is the square? "
-            f"Answer with <answer>COLOUR</answer> where COLOUR is one of: {', '.join(names)}.")
+    return (
+        f"You will be shown {squares}. What colour is the square? "
+        f"Answer with <answer>COLOUR</answer> where COLOUR is one of: {', '.join(names)}."
+    )
 
 
 def make_color_square(extras: Mapping[str, Any], seed: int | None) -> GymTextEnv:
     """``color_square``. extras: ``n_turns`` (1), ``palette`` ({name: [r, g, b]}), ``image_size`` (56),
     ``square_sizes`` ([16, 32])."""
     try:
-        gym_env = ColorSquareEnv(palette={k: tuple(v) for k, v in extras["palette"].items()}
-                                 if "palette" in extras else None,
-                                 n_turns=int(extras.get("n_turns", 1)),
-                                 image_size=int(extras.get("image_size", 56)),
-                                 square_sizes=tuple(extras.get("square_sizes", (16, 32))))
+        gym_env = ColorSquareEnv(
+            palette={k: tuple(v) for k, v in extras["palette"].items()} if "palette" in extras else None,
+            n_turns=int(extras.get("n_turns", 1)),
+            image_size=int(extras.get("image_size", 56)),
+            square_sizes=tuple(extras.get("square_sizes", (16, 32))),
+        )
     except (ValueError, TypeError, AttributeError) as exc:
         raise EnvError(f"color_square: bad extras {dict(extras)!r}: {exc}") from None
     names = gym_env.names
-    return GymTextEnv(gym_env, parser=colour_parser(names), prompt=color_square_prompt(names, gym_env.n_turns),
-                      max_turns=gym_env.n_turns, seed=seed, step_counter=False, env_class="color_square",
-                      default_feedback="", example_actions=[f"<answer>{n}</answer>" for n in names])
+    return GymTextEnv(
+        gym_env,
+        parser=colour_parser(names),
+        prompt=color_square_prompt(names, gym_env.n_turns),
+        max_turns=gym_env.n_turns,
+        seed=seed,
+        step_counter=False,
+        env_class="color_square",
+        default_feedback="",
+        example_actions=[f"<answer>{n}</answer>" for n in names],
+    )
 
 
 # ---------------------------------------------------------------- SFT experts (registered in vlrl.envs.builtin)
+
 
 def color_square_expert(env: GymTextEnv, row: Mapping[str, Any]) -> Iterator[str]:
     """``color_square``: the colour of the current square as a bare word (the env accepts it; two tokens

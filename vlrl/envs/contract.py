@@ -96,8 +96,12 @@ def is_placeholder(prompt: Any) -> bool:
     """True for an env-ticket prompt: absent, or one message whose content is a plain string."""
     if not prompt:
         return True
-    return (isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], dict)
-            and isinstance(prompt[0].get("content"), str))
+    return (
+        isinstance(prompt, list)
+        and len(prompt) == 1
+        and isinstance(prompt[0], dict)
+        and isinstance(prompt[0].get("content"), str)
+    )
 
 
 def clip_action(text: Any) -> str:

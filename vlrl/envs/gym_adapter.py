@@ -27,8 +27,19 @@ from vlrl.envs.text_env import GymTextEnv, ParsedAction
 _KEYWORD = re.compile(r"<action>\s*([\w-]{1,32})\s*</action>", re.IGNORECASE)
 ROW_EXTRAS = frozenset({"keywords", "prompt", "max_turns", "make_kwargs"})
 """The extras a row may give an unregistered ``gym/<id>`` (a registered one: ``max_turns`` only)."""
-MAKE_OPTIONS = frozenset({"render_mode", "max_episode_steps", "autoreset", "apply_api_compatibility",
-                          "disable_env_checker", "order_enforce", "env_checker", "id", "kwargs"})
+MAKE_OPTIONS = frozenset(
+    {
+        "render_mode",
+        "max_episode_steps",
+        "autoreset",
+        "apply_api_compatibility",
+        "disable_env_checker",
+        "order_enforce",
+        "env_checker",
+        "id",
+        "kwargs",
+    }
+)
 """``gymnasium.make``'s own parameters: never taken from data."""
 MAX_TURNS_LIMIT = 10_000
 
@@ -60,26 +71,37 @@ class GymEnvConfig:
 
     def prompt(self) -> str:
         words = ", ".join(self.keywords)
-        return (f"{self.task}\n\nEnd your response with your chosen action in this exact format: "
-                f"<action>ACTION</action> where ACTION is one of: {words}.")
+        return (
+            f"{self.task}\n\nEnd your response with your chosen action in this exact format: "
+            f"<action>ACTION</action> where ACTION is one of: {words}."
+        )
 
 
 SHIPPED: dict[str, GymEnvConfig] = {
     "FrozenLake-v1": GymEnvConfig(
-        "FrozenLake-v1", {"left": 0, "down": 1, "right": 2, "up": 3},
+        "FrozenLake-v1",
+        {"left": 0, "down": 1, "right": 2, "up": 3},
         "You are the elf on a frozen lake seen from above. Walk to the gift without falling into a hole. "
         "The ice is not slippery: every move goes where you ask. Each move takes one action.",
-        max_turns=20, make_kwargs={"map_name": "4x4", "is_slippery": False}),
+        max_turns=20,
+        make_kwargs={"map_name": "4x4", "is_slippery": False},
+    ),
     "CliffWalking-v1": GymEnvConfig(
-        "CliffWalking-v1", {"up": 0, "right": 1, "down": 2, "left": 3},
+        "CliffWalking-v1",
+        {"up": 0, "right": 1, "down": 2, "left": 3},
         "You are the figure on a grid seen from above. Walk from the bottom-left start to the goal at the "
         "bottom right without stepping off the cliff along the bottom edge. Every move costs 1; the cliff "
-        "costs 100 and sends you back to the start.", max_turns=30),
+        "costs 100 and sends you back to the start.",
+        max_turns=30,
+    ),
     "Taxi-v4": GymEnvConfig(
-        "Taxi-v4", {"south": 0, "north": 1, "east": 2, "west": 3, "pickup": 4, "dropoff": 5},
+        "Taxi-v4",
+        {"south": 0, "north": 1, "east": 2, "west": 3, "pickup": 4, "dropoff": 5},
         "You drive the taxi in a 5x5 city seen from above. Drive to the passenger, pick them up, drive to "
         "the destination and drop them off. Every action costs 1, a wrong pickup or dropoff costs 10, a "
-        "successful dropoff earns 20.", max_turns=30),
+        "successful dropoff earns 20.",
+        max_turns=30,
+    ),
 }
 
 
@@ -87,8 +109,10 @@ def keyword_parser(keywords: Mapping[str, int]):
     """Parser for ``<action>KEYWORD</action>`` over a keyword map (keywords compared lowercased)."""
     table = {k.lower(): int(v) for k, v in keywords.items()}
     words = ", ".join(keywords)
-    refusal = ("Action parsing failed. Could not find a valid action in your response.\nPlease end your "
-               f"response with <action>ACTION</action> where ACTION is one of: {words}")
+    refusal = (
+        "Action parsing failed. Could not find a valid action in your response.\nPlease end your "
+        f"response with <action>ACTION</action> where ACTION is one of: {words}"
+    )
 
     def parse(text: str) -> ParsedAction:
         matches = _KEYWORD.findall(text)
@@ -114,9 +138,15 @@ def make_gym_env(config: GymEnvConfig, seed: int | None, max_turns: int | None =
     if bad:
         gym_env.close()
         raise EnvError(f"gym/{config.gym_id}: keywords {bad} map outside the action space {gym_env.action_space}")
-    return GymTextEnv(gym_env, parser=keyword_parser(config.keywords), prompt=config.prompt(),
-                      max_turns=int(max_turns or config.max_turns), seed=seed, env_class=f"gym/{config.gym_id}",
-                      example_actions=[f"<action>{k}</action>" for k in config.keywords])
+    return GymTextEnv(
+        gym_env,
+        parser=keyword_parser(config.keywords),
+        prompt=config.prompt(),
+        max_turns=int(max_turns or config.max_turns),
+        seed=seed,
+        env_class=f"gym/{config.gym_id}",
+        example_actions=[f"<action>{k}</action>" for k in config.keywords],
+    )
 
 
 def register_gym_env(config: GymEnvConfig, *, replace: bool = False) -> str:
@@ -142,15 +172,21 @@ def make_gym_env_from_extras(gym_id: str, extras: Mapping[str, Any], seed: int |
     _only(name, extras, ROW_EXTRAS)
     keywords = extras.get("keywords")
     if not isinstance(keywords, Mapping) or not keywords:
-        raise EnvError(f"{name} is not registered; give extras['keywords'] "
-                       "(keyword -> action id) or call register_gym_env")
+        raise EnvError(
+            f"{name} is not registered; give extras['keywords'] (keyword -> action id) or call register_gym_env"
+        )
     if not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in keywords.items()):
         raise EnvError(f"{name}: extras['keywords'] must map strings to integer action ids, got {dict(keywords)!r}")
     prompt = extras.get("prompt", f"You control the {gym_id} environment shown in the image.")
     if not isinstance(prompt, str):
         raise EnvError(f"{name}: extras['prompt'] must be a string, got {type(prompt).__name__}")
-    config = GymEnvConfig(gym_id, dict(keywords), prompt, _max_turns(name, extras.get("max_turns", 30)),
-                          _make_kwargs(name, extras.get("make_kwargs", {})))
+    config = GymEnvConfig(
+        gym_id,
+        dict(keywords),
+        prompt,
+        _max_turns(name, extras.get("max_turns", 30)),
+        _make_kwargs(name, extras.get("make_kwargs", {})),
+    )
     return make_gym_env(config, seed)
 
 
@@ -158,8 +194,10 @@ def _check_gym_id(gym_id: str) -> None:
     import gymnasium as gym
 
     if ":" in gym_id:
-        raise EnvError(f"gym/{gym_id}: ids with a 'module:' prefix are refused (gymnasium would import the "
-                       "module); import it yourself and register the env, then use its plain id")
+        raise EnvError(
+            f"gym/{gym_id}: ids with a 'module:' prefix are refused (gymnasium would import the "
+            "module); import it yourself and register the env, then use its plain id"
+        )
     if gym_id not in gym.registry:
         raise EnvError(f"gym/{gym_id}: not in gymnasium's registry (register it before making it from a row)")
 
@@ -183,8 +221,10 @@ def _make_kwargs(name: str, value: Any) -> dict[str, Any]:
         raise EnvError(f"{name}: extras['make_kwargs'] must be a JSON object, got {type(value).__name__}")
     for key, item in value.items():
         if not isinstance(key, str) or not key.isidentifier() or key in MAKE_OPTIONS:
-            raise EnvError(f"{name}: extras['make_kwargs'] may not set {key!r} (gymnasium.make's own options "
-                           f"{sorted(MAKE_OPTIONS)} are the adapter's; keys are the env constructor's arguments)")
+            raise EnvError(
+                f"{name}: extras['make_kwargs'] may not set {key!r} (gymnasium.make's own options "
+                f"{sorted(MAKE_OPTIONS)} are the adapter's; keys are the env constructor's arguments)"
+            )
         if not _is_json(item):
             raise EnvError(f"{name}: extras['make_kwargs'][{key!r}] must be a JSON value, got {type(item).__name__}")
     return dict(value)

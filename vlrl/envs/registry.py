@@ -69,7 +69,7 @@ def make_env(env_class: str, extras: Mapping[str, Any] | None = None, seed: int 
     if isinstance(env_class, str) and env_class.startswith("gym/") and env_class not in ENVS:
         from vlrl.envs.gym_adapter import make_gym_env_from_extras
 
-        return make_gym_env_from_extras(env_class[len("gym/"):], extras, seed)
+        return make_gym_env_from_extras(env_class[len("gym/") :], extras, seed)
     try:
         factory = ENVS.get(env_class)
     except UnknownNameError as exc:

@@ -84,15 +84,25 @@ class GymTextEnv:
     example_actions: one valid text per action, for demos and the conformance check.
     """
 
-    def __init__(self, gym_env: Any, *, parser: ActionParser, prompt: str, max_turns: int,
-                 seed: int | None = None, step_counter: bool = True, env_class: str = "",
-                 default_feedback: str = "Action executed successfully.",
-                 example_actions: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        gym_env: Any,
+        *,
+        parser: ActionParser,
+        prompt: str,
+        max_turns: int,
+        seed: int | None = None,
+        step_counter: bool = True,
+        env_class: str = "",
+        default_feedback: str = "Action executed successfully.",
+        example_actions: Sequence[str] = (),
+    ) -> None:
         if int(max_turns) < 1:
             raise EnvError(f"max_turns must be >= 1, got {max_turns}")
         if not hasattr(gym_env.action_space, "n"):
-            raise EnvError(f"{env_class or gym_env}: only Discrete action spaces are supported, "
-                           f"got {gym_env.action_space}")
+            raise EnvError(
+                f"{env_class or gym_env}: only Discrete action spaces are supported, got {gym_env.action_space}"
+            )
         self.gym_env = gym_env
         self.parser = parser
         self.prompt = prompt
@@ -142,9 +152,15 @@ class GymTextEnv:
             valid = False
             feedback = parsed.feedback or "The action could not be parsed."
         self._done = bool(terminated or truncated or self.turn >= self.max_turns)
-        metadata = {"turn": self.turn, "action": parsed.name if valid else None, "valid_action": valid,
-                    "feedback": feedback, "terminated": bool(terminated), "truncated": bool(truncated),
-                    "env_info": dict(self.last_info)}
+        metadata = {
+            "turn": self.turn,
+            "action": parsed.name if valid else None,
+            "valid_action": valid,
+            "feedback": feedback,
+            "terminated": bool(terminated),
+            "truncated": bool(truncated),
+            "env_info": dict(self.last_info),
+        }
         return StepResult(self._observation(feedback), float(reward), self._done, metadata)
 
     def close(self) -> None:
@@ -160,8 +176,9 @@ class GymTextEnv:
         if not self._started:
             raise EnvError(f"{self.env_class}: step() before init()")
         if self._done:
-            raise EpisodeDoneError(f"{self.env_class}: step() after the episode ended (done=True); "
-                                   "make a new env or call init() again")
+            raise EpisodeDoneError(
+                f"{self.env_class}: step() after the episode ended (done=True); make a new env or call init() again"
+            )
 
     def _observation(self, feedback: str) -> list[Message]:
         if self._done:
@@ -175,6 +192,8 @@ class GymTextEnv:
         """The current RGB frame, ``[H, W, 3]`` uint8."""
         frame = self.gym_env.render()
         if not isinstance(frame, np.ndarray) or frame.ndim != 3 or frame.shape[2] != 3:
-            raise EnvError(f"{self.env_class}: render() must return an [H, W, 3] array "
-                           f"(render_mode='rgb_array'), got {type(frame).__name__}")
+            raise EnvError(
+                f"{self.env_class}: render() must return an [H, W, 3] array "
+                f"(render_mode='rgb_array'), got {type(frame).__name__}"
+            )
         return np.ascontiguousarray(frame, dtype=np.uint8)

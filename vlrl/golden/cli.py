@@ -18,10 +18,15 @@ from vlrl.models.archs import ARCHS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=("regen", "check", "list"), help="regen: rewrite files; check: compare; "
-                        "list: print the scenarios")
+    parser.add_argument(
+        "action",
+        choices=("regen", "check", "list"),
+        help="regen: rewrite files; check: compare; list: print the scenarios",
+    )
     parser.add_argument("--arch", action="append", choices=ARCHS, help="only this architecture (repeatable)")
-    parser.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="only this scenario (repeatable)")
+    parser.add_argument(
+        "--scenario", action="append", choices=sorted(SCENARIOS), help="only this scenario (repeatable)"
+    )
     parser.add_argument("--dir", default="golden", help="golden folder (default: ./golden)")
     parser.add_argument("--model-cache", default=None, help="checkpoint cache (default: $VLRL_CACHE or ~/.cache/vlrl)")
 
@@ -75,7 +80,7 @@ def handle(root: Path, arch: str, name: str, actual: str, *, write: bool) -> int
         expected = path.read_text(encoding="utf-8") if path.exists() else None
     except UnicodeDecodeError as exc:
         if not write:
-            line = path.read_bytes()[:exc.start].count(b"\n") + 1
+            line = path.read_bytes()[: exc.start].count(b"\n") + 1
             raise GoldenFormatError(path, line, f"not UTF-8 text ({exc.reason})") from None
         expected = None
     if expected == actual:

@@ -27,8 +27,9 @@ def play(scenario: Scenario, renderer, engine, tokenizer=None):
     from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
 
     register_scenario_envs()
-    cfg = RolloutConfig(sampling=scenario.sampling, max_turns=scenario.max_turns, max_context=scenario.max_context,
-                        progress=False)
+    cfg = RolloutConfig(
+        sampling=scenario.sampling, max_turns=scenario.max_turns, max_context=scenario.max_context, progress=False
+    )
     gen = RolloutGenerator(renderer, engine, cfg, tokenizer=tokenizer)
     (traj,) = gen.run([scenario.row], script=lambda env, row: scenario.script)
     return traj
@@ -53,18 +54,24 @@ def format_golden(traj, tokenizer, arch: str, scenario: Scenario) -> str:
     """The golden text of ``traj`` (deterministic: same trajectory, same bytes)."""
     pad_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
     masked = sum(traj.loss_mask)
-    head = [f"# vlrl golden file: {arch} / {scenario.name} — {scenario.description}",
-            "# Regenerate with `vlrl golden regen`; read the diff before committing.",
-            f"arch: {arch}", f"scenario: {scenario.name}", f"stop_reason: {traj.stop_reason}",
-            f"tokens: {len(traj.token_ids)} (prompt {len(traj.prompt_ids)}, response {len(traj.response_ids)}, "
-            f"generated {masked})"]
+    head = [
+        f"# vlrl golden file: {arch} / {scenario.name} — {scenario.description}",
+        "# Regenerate with `vlrl golden regen`; read the diff before committing.",
+        f"arch: {arch}",
+        f"scenario: {scenario.name}",
+        f"stop_reason: {traj.stop_reason}",
+        f"tokens: {len(traj.token_ids)} (prompt {len(traj.prompt_ids)}, response {len(traj.response_ids)}, "
+        f"generated {masked})",
+    ]
     grids = traj.image_grid_thw.tolist() if traj.image_grid_thw is not None else []
     for k, (ph, grid, sha) in enumerate(zip(traj.placeholders, grids, traj.image_hashes)):
         head.append(f"image {k}: grid {grid}, pads [{ph.offset}, {ph.offset + ph.length}), sha256 {sha[:16]}")
     for s in traj.turns:
         end = "appended" if s.eos_appended else "generated"
-        head.append(f"turn {s.index}: observation [{s.obs_start}, {s.gen_start}), reply [{s.gen_start}, {s.gen_end}), "
-                    f"reward {s.reward:g}, finish {s.finish_reason}, end of turn {end}, images before {s.images_before}")
+        head.append(
+            f"turn {s.index}: observation [{s.obs_start}, {s.gen_start}), reply [{s.gen_start}, {s.gen_end}), "
+            f"reward {s.reward:g}, finish {s.finish_reason}, end of turn {end}, images before {s.images_before}"
+        )
     return "\n".join(head + [HEADER_END] + _token_rows(traj, tokenizer, pad_id)) + "\n"
 
 
@@ -80,8 +87,9 @@ class GoldenFormatError(VlrlError, ValueError):
 
     def __init__(self, path: str | Path | None, line: int, what: str):
         self.path, self.line = path, line
-        super().__init__(f"{path or 'golden file'}:{line}: {what} (corrupt or truncated; "
-                         "`vlrl golden regen` rewrites it)")
+        super().__init__(
+            f"{path or 'golden file'}:{line}: {what} (corrupt or truncated; `vlrl golden regen` rewrites it)"
+        )
 
 
 def parse_golden(text: str, path: str | Path | None = None) -> Parsed:
@@ -91,7 +99,7 @@ def parse_golden(text: str, path: str | Path | None = None) -> Parsed:
         raise GoldenFormatError(path, len(lines), f"no '{HEADER_END}' line ending the header")
     cut = lines.index(HEADER_END)
     tokens = []
-    for number, line in enumerate(lines[cut + 1:], start=cut + 2):
+    for number, line in enumerate(lines[cut + 1 :], start=cut + 2):
         tokens.extend(_token_row(line, path, number))
     _check_count(lines[:cut], len(tokens), path, len(lines))
     return Parsed(lines[:cut], tokens)
@@ -142,8 +150,11 @@ def golden_diff(expected: str, actual: str, context: int = 4, path: str | Path |
             out.append(f"{'>' if i == first else ' '}{i:>5}  {ga:<36} {gb:<36}")
     masks = [(i, x[0], y[0]) for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x[1] == y[1] and x[0] != y[0]]
     if masks:
-        out.append(f"loss-mask changes at {len(masks)} tokens (index golden->now): "
-                   + ", ".join(f"{i} {x}->{y}" for i, x, y in masks[:20]) + (" …" if len(masks) > 20 else ""))
+        out.append(
+            f"loss-mask changes at {len(masks)} tokens (index golden->now): "
+            + ", ".join(f"{i} {x}->{y}" for i, x, y in masks[:20])
+            + (" …" if len(masks) > 20 else "")
+        )
     return "\n".join(out) if out else "no token or mask difference (whitespace or formatting only)"
 
 

@@ -30,29 +30,59 @@ class Scenario:
 
 
 GEOMETRY_SCRIPT = (
-    '<think>The two legs are 3 and 4.</think>\n<tool_call>{"name": "calc_score", "arguments": {"answer": "5"}}</tool_call>',
+    "<think>The two legs are 3 and 4.</think>\n"
+    '<tool_call>{"name": "calc_score", "arguments": {"answer": "5"}}</tool_call>',
     '<tool_call>{"name": "calc_score", "arguments": {"answer": "7"}}</tool_call>',
     "The hypotenuse is \\boxed{5}",
 )
 MAZE_SCRIPT = ("<action>left</action>", "Going up: <action>up</action>", "<action>down</action>")
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
-    Scenario("single_image", "color_square: one image, one answer",
-             {"prompt": None, "env_class": "color_square", "extras": {}, "seed": 7}, ("<answer>red</answer>",)),
-    Scenario("multi_image", "three images of different sizes in one user message",
-             {"prompt": None, "env_class": MULTI_IMAGE_ENV, "extras": {}, "seed": 0}, ("The second one.",)),
-    Scenario("maze2d_multi_turn", "maze2d/easy: three moves, an image back after each",
-             {"prompt": None, "env_class": "maze2d/easy", "extras": {}, "seed": 0}, MAZE_SCRIPT, max_turns=3),
-    Scenario("geometry_tool_calls", "geometry: two calc_score tool calls with text feedback, then an answer",
-             {"prompt": None, "env_class": "geometry", "extras": {}, "seed": 5}, GEOMETRY_SCRIPT),
-    Scenario("stop_string_eos", "maze2d/easy with stop string </action>: replies cut there, end of turn appended",
-             {"prompt": None, "env_class": "maze2d/easy", "extras": {}, "seed": 0},
-             ("<action>right</action> and then more", "<action>up</action>!"),
-             sampling=SamplingParams(max_tokens=128, stop=("</action>",)), max_turns=2),
-    Scenario("context_truncation", "maze2d/easy with a 350-token context: the second observation does not fit",
-             {"prompt": None, "env_class": "maze2d/easy", "extras": {}, "seed": 0}, MAZE_SCRIPT,
-             max_turns=3, max_context=350),
-)}
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            "single_image",
+            "color_square: one image, one answer",
+            {"prompt": None, "env_class": "color_square", "extras": {}, "seed": 7},
+            ("<answer>red</answer>",),
+        ),
+        Scenario(
+            "multi_image",
+            "three images of different sizes in one user message",
+            {"prompt": None, "env_class": MULTI_IMAGE_ENV, "extras": {}, "seed": 0},
+            ("The second one.",),
+        ),
+        Scenario(
+            "maze2d_multi_turn",
+            "maze2d/easy: three moves, an image back after each",
+            {"prompt": None, "env_class": "maze2d/easy", "extras": {}, "seed": 0},
+            MAZE_SCRIPT,
+            max_turns=3,
+        ),
+        Scenario(
+            "geometry_tool_calls",
+            "geometry: two calc_score tool calls with text feedback, then an answer",
+            {"prompt": None, "env_class": "geometry", "extras": {}, "seed": 5},
+            GEOMETRY_SCRIPT,
+        ),
+        Scenario(
+            "stop_string_eos",
+            "maze2d/easy with stop string </action>: replies cut there, end of turn appended",
+            {"prompt": None, "env_class": "maze2d/easy", "extras": {}, "seed": 0},
+            ("<action>right</action> and then more", "<action>up</action>!"),
+            sampling=SamplingParams(max_tokens=128, stop=("</action>",)),
+            max_turns=2,
+        ),
+        Scenario(
+            "context_truncation",
+            "maze2d/easy with a 350-token context: the second observation does not fit",
+            {"prompt": None, "env_class": "maze2d/easy", "extras": {}, "seed": 0},
+            MAZE_SCRIPT,
+            max_turns=3,
+            max_context=350,
+        ),
+    )
+}
 
 
 def register_scenario_envs() -> None:

@@ -36,9 +36,17 @@ def repeat_heads(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x.contiguous()
 
 
-def vlrl_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                      is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+def vlrl_sdpa_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """query ``[B, H, Lq, D]``, key / value ``[B, H_kv, Lk, D]``, mask ``[B, 1, Lq, Lk]`` bool or None
     -> (``[B, Lq, H, D]``, None), as transformers' attention functions return."""
     n_rep = query.shape[1] // key.shape[1]
@@ -46,8 +54,9 @@ def vlrl_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     # As transformers' sdpa: the causal flag (flash / cuDNN kernels) only without a mask and past decode.
     is_causal = bool(query.shape[2] > 1 and attention_mask is None and is_causal)
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                                           dropout_p=dropout, scale=scaling, is_causal=is_causal)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=is_causal
+    )
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -19,8 +19,11 @@ from vlrl.models.tokenizer import MODEL_VOCAB_SIZE, build_tokenizer, special_tok
 
 MANIFEST = "vlrl_model.json"
 _PROCESSORS = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen3_vl": "Qwen3VLProcessor"}
-_VIDEO_PROCESSORS = {"qwen2_vl": "Qwen2VLVideoProcessor", "qwen2_5_vl": "Qwen2VLVideoProcessor",
-                     "qwen3_vl": "Qwen3VLVideoProcessor"}
+_VIDEO_PROCESSORS = {
+    "qwen2_vl": "Qwen2VLVideoProcessor",
+    "qwen2_5_vl": "Qwen2VLVideoProcessor",
+    "qwen3_vl": "Qwen3VLVideoProcessor",
+}
 
 
 def _check(arch: str, size: str) -> None:
@@ -49,11 +52,16 @@ def build_processor(arch: str, size: str):
     image_processor = transformers.Qwen2VLImageProcessor(**image_processor_kwargs(arch, SIZES[size]))
     ip = image_processor_kwargs(arch, SIZES[size])
     video_processor = getattr(transformers, _VIDEO_PROCESSORS[arch])(
-        patch_size=ip["patch_size"], temporal_patch_size=2, merge_size=2,
-        image_mean=ip["image_mean"], image_std=ip["image_std"])
+        patch_size=ip["patch_size"],
+        temporal_patch_size=2,
+        merge_size=2,
+        image_mean=ip["image_mean"],
+        image_std=ip["image_std"],
+    )
     processor_cls = getattr(transformers, _PROCESSORS[arch])
-    return processor_cls(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor,
-                         chat_template=template)
+    return processor_cls(
+        image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor, chat_template=template
+    )
 
 
 def init_weights_(model, seed: int, std: float) -> None:
@@ -93,8 +101,9 @@ def write_checkpoint(out: str | os.PathLike, arch: str, size: str = "tiny", seed
     out.mkdir(parents=True, exist_ok=True)
     model = build_model(arch, size, seed)
     ids = special_tokens(arch)
-    model.generation_config = GenerationConfig(eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
-                                               pad_token_id=ids["<|endoftext|>"], do_sample=False)
+    model.generation_config = GenerationConfig(
+        eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]], pad_token_id=ids["<|endoftext|>"], do_sample=False
+    )
     model.save_pretrained(out)
     build_processor(arch, size).save_pretrained(out)
     n_params = sum(p.numel() for p in model.parameters())

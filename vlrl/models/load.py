@@ -16,8 +16,10 @@ def load_processor(path: str | os.PathLike):
     processor = AutoProcessor.from_pretrained(str(path))
     name = type(processor.image_processor).__name__
     if name != IMAGE_PROCESSOR_BACKEND:
-        raise RuntimeError(f"{path}: image processor is {name}, expected the torchvision backend "
-                           f"{IMAGE_PROCESSOR_BACKEND} (vLLM's); install torchvision")
+        raise RuntimeError(
+            f"{path}: image processor is {name}, expected the torchvision backend "
+            f"{IMAGE_PROCESSOR_BACKEND} (vLLM's); install torchvision"
+        )
     return processor
 
 
@@ -35,6 +37,7 @@ def load_model(path: str | os.PathLike, dtype=None, device: str = "cpu", attenti
     attention = attention or ATTENTION
     if attention not in CHOICES:
         raise ValueError(f"attention must be one of {', '.join(CHOICES)}, got {attention!r}")
-    model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype or torch.float32,
-                                                        attn_implementation=attention)
+    model = AutoModelForImageTextToText.from_pretrained(
+        str(path), dtype=dtype or torch.float32, attn_implementation=attention
+    )
     return model.to(device).eval()

@@ -42,13 +42,22 @@ def target_modules(model: torch.nn.Module, targets: Sequence[str], vision: Liter
         if (in_vision and vision == "adapted") or (not in_vision and name.rsplit(".", 1)[-1] in targets):
             names.append(name)
     if not any(not n.startswith(VISION_PREFIX) for n in names):
-        raise ValueError(f"model.lora.targets = {tuple(targets)}: no language-model linear layer has one of these "
-                         "names (Qwen-VL: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)")
+        raise ValueError(
+            f"model.lora.targets = {tuple(targets)}: no language-model linear layer has one of these "
+            "names (Qwen-VL: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)"
+        )
     return names
 
 
-def apply_lora(model: torch.nn.Module, *, rank: int, alpha: float, targets: Sequence[str],
-               vision: Literal["frozen", "adapted"] = "frozen", seed: int = 0) -> torch.nn.Module:
+def apply_lora(
+    model: torch.nn.Module,
+    *,
+    rank: int,
+    alpha: float,
+    targets: Sequence[str],
+    vision: Literal["frozen", "adapted"] = "frozen",
+    seed: int = 0,
+) -> torch.nn.Module:
     """Inject LoRA adapters into ``model`` in place (peft) and freeze every other parameter; returns ``model``.
 
     ``seed`` fixes the adapters' initialisation (peft draws ``lora_A`` from torch's global generator):
@@ -57,8 +66,9 @@ def apply_lora(model: torch.nn.Module, *, rank: int, alpha: float, targets: Sequ
     """
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, bias="none",
-                        target_modules=target_modules(model, targets, vision))
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, lora_dropout=0.0, bias="none", target_modules=target_modules(model, targets, vision)
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         peft_model = get_peft_model(model, config)
@@ -70,16 +80,20 @@ def lora_layers(model: torch.nn.Module) -> dict[str, tuple[float, bool]]:
     """``{module name: (scaling, fan_in_fan_out)}`` of every LoRA layer in ``model`` (empty without LoRA)."""
     from peft.tuners.lora import LoraLayer
 
-    return {name: (float(m.scaling[ADAPTER]), bool(getattr(m, "fan_in_fan_out", False)))
-            for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+    return {
+        name: (float(m.scaling[ADAPTER]), bool(getattr(m, "fan_in_fan_out", False)))
+        for name, m in model.named_modules()
+        if isinstance(m, LoraLayer)
+    }
 
 
 def is_lora(model: torch.nn.Module) -> bool:
     return any(".lora_A." in name for name, _ in model.named_parameters())
 
 
-def merged_weights(weights: Mapping[str, torch.Tensor], layers: Mapping[str, tuple[float, bool]],
-                   dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+def merged_weights(
+    weights: Mapping[str, torch.Tensor], layers: Mapping[str, tuple[float, bool]], dtype: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
     """The base model's weights with every adapter merged in, under the base model's names.
 
     ``weights``: ``{name: full tensor}`` of the adapted model (its ``named_parameters``, or the full state

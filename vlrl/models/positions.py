@@ -15,8 +15,9 @@ def mm_token_type_ids(input_ids: torch.Tensor, image_token_id: int, video_token_
     return types
 
 
-def mrope_positions(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                    image_grid_thw: torch.Tensor | None) -> torch.Tensor:
+def mrope_positions(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, image_grid_thw: torch.Tensor | None
+) -> torch.Tensor:
     """``[3, B, L]`` (temporal, height, width) position ids from the image grids, as the model
     computes them. Padding positions (``attention_mask == 0``) get 0.
 
@@ -24,6 +25,7 @@ def mrope_positions(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     """
     cfg = model.config
     types = mm_token_type_ids(input_ids, cfg.image_token_id, cfg.video_token_id)
-    positions, _ = model.model.get_rope_index(input_ids, types, image_grid_thw=image_grid_thw,
-                                              attention_mask=attention_mask)
+    positions, _ = model.model.get_rope_index(
+        input_ids, types, image_grid_thw=image_grid_thw, attention_mask=attention_mask
+    )
     return positions

@@ -17,18 +17,45 @@ MODEL_VOCAB_SIZE = 151_936  # embedding rows, as the published checkpoints pad t
 
 # Special tokens from id 151643 on, in id order, shared by all three architectures.
 _COMMON_SPECIALS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>",
-    "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>", "<|box_end|>",
-    "<|quad_start|>", "<|quad_end|>",
-    "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
-    "<tool_call>", "</tool_call>",
-    "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
 )
 _QWEN3_EXTRA = ("<tool_response>", "</tool_response>", "<think>", "</think>")
 
 # Added tokens that the published tokenizers mark as not special (they survive skip_special_tokens).
-_NON_SPECIAL = frozenset({"<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
-                          "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", *_QWEN3_EXTRA})
+_NON_SPECIAL = frozenset(
+    {
+        "<tool_call>",
+        "</tool_call>",
+        "<|fim_prefix|>",
+        "<|fim_middle|>",
+        "<|fim_suffix|>",
+        "<|fim_pad|>",
+        "<|repo_name|>",
+        "<|file_sep|>",
+        *_QWEN3_EXTRA,
+    }
+)
 
 # Token ids that stand for vision inputs: never to be sampled.
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
@@ -45,8 +72,10 @@ def vision_token_ids(config) -> tuple[int, ...]:
     ids = tuple(range(start, start + len(VISION_TOKENS)))
     named = (int(config.vision_end_token_id), int(config.image_token_id), int(config.video_token_id))
     if named != (ids[1], ids[3], ids[4]):
-        raise ValueError(f"vision token ids {named} (end, image, video) do not follow <|vision_start|> {start} "
-                         "in the Qwen-VL layout; pass the banned ids explicitly")
+        raise ValueError(
+            f"vision token ids {named} (end, image, video) do not follow <|vision_start|> {start} "
+            "in the Qwen-VL layout; pass the banned ids explicitly"
+        )
     return ids
 
 
@@ -81,11 +110,19 @@ def build_tokenizer(arch: str, chat_template: str):
 
     vocab, merges = _vocab_and_merges()
     # Special tokens must be added in id order before eos/pad are named, or they take the first free ids.
-    tok = Qwen2Tokenizer(vocab=dict(vocab), merges=list(merges), unk_token=None, eos_token=None, pad_token=None,
-                         errors="replace", clean_up_tokenization_spaces=False)
+    tok = Qwen2Tokenizer(
+        vocab=dict(vocab),
+        merges=list(merges),
+        unk_token=None,
+        eos_token=None,
+        pad_token=None,
+        errors="replace",
+        clean_up_tokenization_spaces=False,
+    )
     specials = special_tokens(arch)
-    tok.add_tokens([AddedToken(t, special=t not in _NON_SPECIAL, normalized=False, lstrip=False, rstrip=False)
-                    for t in specials])
+    tok.add_tokens(
+        [AddedToken(t, special=t not in _NON_SPECIAL, normalized=False, lstrip=False, rstrip=False) for t in specials]
+    )
     tok.eos_token, tok.pad_token = "<|im_end|>", "<|endoftext|>"
     tok.chat_template = chat_template
     for name, want in specials.items():

@@ -18,10 +18,12 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from vlrl.errors import BadInputError
-from vlrl.messages import RESERVED_IN_TEXT, ImageLimits, prepare_messages
+from vlrl.image_decode import ImageLimits
+from vlrl.messages import RESERVED_IN_TEXT, prepare_messages
 from vlrl.render.types import PlaceholderRange, RenderedPrompt
 
 __all__ = ["EmbeddedRenderer", "RESERVED_IN_TEXT"]
@@ -42,20 +44,31 @@ class EmbeddedRenderer:
         self._cache_lock = threading.Lock()
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, **kwargs) -> "EmbeddedRenderer":
+    def from_pretrained(cls, path: str | os.PathLike, **kwargs) -> EmbeddedRenderer:
         from vlrl.models.load import load_processor
 
         return cls(load_processor(path), **kwargs)
 
-    def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True,
-               tools: Sequence[dict[str, Any]] | None = None) -> RenderedPrompt:
+    def render(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> RenderedPrompt:
         prepared = prepare_messages(list(messages), limits=self.limits)
         text = self._apply_template(_template_messages(prepared.messages), add_generation_prompt, tools)
         pixels, grid = self._vision(prepared.images, prepared.hashes)
         ids = tuple(self.tokenizer(self._expand(text, grid))["input_ids"])
         placeholders = self._placeholders(ids, grid, len(prepared.images))
-        return RenderedPrompt(token_ids=ids, pixel_values=pixels, image_grid_thw=grid, placeholders=placeholders,
-                              image_hashes=prepared.hashes, text=text)
+        return RenderedPrompt(
+            token_ids=ids,
+            pixel_values=pixels,
+            image_grid_thw=grid,
+            placeholders=placeholders,
+            image_hashes=prepared.hashes,
+            text=text,
+        )
 
     def _vision(self, images: Sequence[Any], hashes: Sequence[str]):
         """``pixel_values`` ``[n_patches, D]`` and ``image_grid_thw`` ``[n_images, 3]`` of ``images`` in order
@@ -94,8 +107,9 @@ class EmbeddedRenderer:
         from jinja2 import TemplateError
 
         try:
-            return self.processor.apply_chat_template(messages, tokenize=False, tools=tools,
-                                                      add_generation_prompt=add_generation_prompt)
+            return self.processor.apply_chat_template(
+                messages, tokenize=False, tools=tools, add_generation_prompt=add_generation_prompt
+            )
         except TemplateError as exc:
             raise BadInputError(f"chat template refused the conversation: {exc}") from None
 
@@ -113,8 +127,7 @@ class EmbeddedRenderer:
         for k, run in enumerate(runs):
             want = int(grid[k].prod()) // self.merge_size**2
             if run.length != want:
-                raise RuntimeError(f"image {k}: {run.length} pad tokens, but its grid {grid[k].tolist()} "
-                                   f"needs {want}")
+                raise RuntimeError(f"image {k}: {run.length} pad tokens, but its grid {grid[k].tolist()} needs {want}")
         return tuple(runs)
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -35,8 +36,8 @@ class RenderedPrompt:
     """
 
     token_ids: tuple[int, ...]
-    pixel_values: "torch.Tensor | None"
-    image_grid_thw: "torch.Tensor | None"
+    pixel_values: torch.Tensor | None
+    image_grid_thw: torch.Tensor | None
     placeholders: tuple[PlaceholderRange, ...]
     image_hashes: tuple[str, ...]
     text: str = ""
@@ -53,5 +54,10 @@ class RenderedPrompt:
 class Renderer(Protocol):
     """Turns an OpenAI-format conversation into a :class:`RenderedPrompt` (the only place that does)."""
 
-    def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True,
-               tools: Sequence[dict[str, Any]] | None = None) -> RenderedPrompt: ...
+    def render(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> RenderedPrompt: ...

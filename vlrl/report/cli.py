@@ -1,7 +1,7 @@
 """``vlrl report RUN_DIR [--out FILE]``: one self-contained HTML report of a training run directory.
 
-    vlrl report runs/color_square            # writes runs/color_square/report.html
-    vlrl report runs/color_square --out reports/color_square.html
+vlrl report runs/color_square            # writes runs/color_square/report.html
+vlrl report runs/color_square --out reports/color_square.html
 """
 
 from __future__ import annotations

@@ -26,8 +26,12 @@ from vlrl.report.runfiles import RunFiles, series
 
 MODULES = ("vision", "merger", "language", "embed")
 """Module groups of ``grad_norm/<group>`` in plotting order (``vlrl.train.trainer.PARAM_GROUPS``)."""
-_LABELS = {"vision": "vision tower", "merger": "projector (merger)", "language": "language layers",
-           "embed": "embedding / lm head"}
+_LABELS = {
+    "vision": "vision tower",
+    "merger": "projector (merger)",
+    "language": "language layers",
+    "embed": "embedding / lm head",
+}
 _CURVE_STEPS = 12
 """Reward-curve table: at most this many RL steps are listed (evenly spaced, always the last)."""
 
@@ -41,8 +45,10 @@ def learning_section(run: RunFiles) -> str:
         return ""
     imgs = "".join(_img(png, name) for name, png in figs.items())
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in learning_notes(run))
-    return (f"<h2>Learning signal</h2>{f'<ul style=font-size:13px>{notes}</ul>' if notes else ''}"
-            f"<div class='figs'>{imgs}</div>{table}")
+    return (
+        f"<h2>Learning signal</h2>{f'<ul style=font-size:13px>{notes}</ul>' if notes else ''}"
+        f"<div class='figs'>{imgs}</div>{table}"
+    )
 
 
 def learning_figures(run: RunFiles) -> dict[str, bytes]:
@@ -55,8 +61,10 @@ def advantage_figure(run: RunFiles) -> bytes | None:
     """Mean |A| (left axis) and the fractions of zero-advantage and equal-return groups (right axis)."""
     rl = run.phase("rl")
     abs_mean = series(rl, "adv_abs_mean")
-    fracs = [("zero-advantage groups", series(rl, "adv_zero_group_frac"), "--"),
-             ("equal-return groups", series(rl, "reward_equal_group_frac"), ":")]
+    fracs = [
+        ("zero-advantage groups", series(rl, "adv_zero_group_frac"), "--"),
+        ("equal-return groups", series(rl, "reward_equal_group_frac"), ":"),
+    ]
     fracs = [f for f in fracs if f[1][0]]
     if not abs_mean[0] and not fracs:
         return None
@@ -105,8 +113,10 @@ def grad_norm_figure(run: RunFiles) -> bytes | None:
 def entropy_figure(run: RunFiles) -> bytes | None:
     """RL policy entropy per step: over all trained tokens and over each reply's first token."""
     rl = run.phase("rl")
-    lines = [("all trained tokens", series(rl, "entropy"), "-"),
-             ("first token of a reply", series(rl, "entropy_first_token"), "--")]
+    lines = [
+        ("all trained tokens", series(rl, "entropy"), "-"),
+        ("first token of a reply", series(rl, "entropy_first_token"), "--"),
+    ]
     lines = [line for line in lines if line[1][0]]
     if not lines:
         return None
@@ -125,8 +135,11 @@ def entropy_figure(run: RunFiles) -> bytes | None:
 def reward_table(run: RunFiles) -> str:
     """HTML table of RL ``reward_mean`` per step (at most ``_CURVE_STEPS`` steps) and every eval."""
     rl_x, rl_y = series(run.phase("rl"), "reward_mean")
-    evals = [(r.get("step"), r.get("label"), r.get("eval_reward_mean")) for r in run.phase("eval")
-             if _num(r.get("eval_reward_mean"))]
+    evals = [
+        (r.get("step"), r.get("label"), r.get("eval_reward_mean"))
+        for r in run.phase("eval")
+        if _num(r.get("eval_reward_mean"))
+    ]
     if not rl_x and not evals:
         return ""
     rows = []
@@ -135,8 +148,11 @@ def reward_table(run: RunFiles) -> str:
         rows.append("<tr><td>RL step</td>" + "".join(f"<td>{int(rl_x[i])}</td>" for i in picks) + "</tr>")
         rows.append("<tr><td>train reward</td>" + "".join(f"<td>{rl_y[i]:.2f}</td>" for i in picks) + "</tr>")
     if evals:
-        rows.append("<tr><td>eval (step, label)</td>" + "".join(
-            f"<td>{_step_text(s)} {html.escape(str(label or ''))}</td>" for s, label, _ in evals) + "</tr>")
+        rows.append(
+            "<tr><td>eval (step, label)</td>"
+            + "".join(f"<td>{_step_text(s)} {html.escape(str(label or ''))}</td>" for s, label, _ in evals)
+            + "</tr>"
+        )
         rows.append("<tr><td>eval reward</td>" + "".join(f"<td><b>{v:.2f}</b></td>" for _, _, v in evals) + "</tr>")
     return f"<table class='kv' style='font-size:12px'>{''.join(rows)}</table>"
 
@@ -147,14 +163,18 @@ def learning_notes(run: RunFiles) -> list[str]:
     notes = []
     abs_mean, zero = _mean(rl, "adv_abs_mean"), _mean(rl, "adv_zero_group_frac")
     if abs_mean is not None and zero is not None:
-        notes.append(f"over {len(rl)} RL steps: mean |A| {abs_mean:.3g}; {zero:.0%} of groups had zero advantage "
-                     "(no gradient from them)")
+        notes.append(
+            f"over {len(rl)} RL steps: mean |A| {abs_mean:.3g}; {zero:.0%} of groups had zero advantage "
+            "(no gradient from them)"
+        )
     norms = {m: _median(rl, f"grad_norm/{m}") for m in MODULES}
     norms = {m: v for m, v in norms.items() if v is not None}
     if len(norms) > 1 and max(norms.values()) > 0:
         top = max(norms, key=norms.get)
-        parts = ", ".join(f"{_LABELS[m]} {v:.2g}" + ("" if m == top else f" ({v / norms[top]:.1%} of it)")
-                          for m, v in sorted(norms.items(), key=lambda kv: -kv[1]))
+        parts = ", ".join(
+            f"{_LABELS[m]} {v:.2g}" + ("" if m == top else f" ({v / norms[top]:.1%} of it)")
+            for m, v in sorted(norms.items(), key=lambda kv: -kv[1])
+        )
         notes.append(f"median grad norm by module (before clipping): {parts}")
     ent = series(rl, "entropy_first_token")[1] or series(rl, "entropy")[1]
     if ent:

@@ -44,9 +44,11 @@ def _png(fig) -> bytes:
 
 def reward_curve(run: RunFiles) -> bytes | None:
     """RL ``reward_mean`` and eval ``eval_reward_mean`` / ``eval_success`` against step."""
-    lines = [("train reward_mean", series(run.phase("rl"), "reward_mean"), "-"),
-             ("eval reward_mean", series(run.phase("eval"), "eval_reward_mean"), "o-"),
-             ("eval success", series(run.phase("eval"), "eval_success"), "s--")]
+    lines = [
+        ("train reward_mean", series(run.phase("rl"), "reward_mean"), "-"),
+        ("eval reward_mean", series(run.phase("eval"), "eval_reward_mean"), "o-"),
+        ("eval success", series(run.phase("eval"), "eval_success"), "s--"),
+    ]
     lines = [line for line in lines if line[1][0]]
     if not lines:
         return None
@@ -105,8 +107,9 @@ def drift_curve(run: RunFiles) -> bytes | None:
         ax.plot(mean_xy[0], _floor(mean_xy[1]), "-", label="mean |Δ|")
     breached = [(r["step"], r.get("max_abs")) for r in rows if r.get("breached") and _num(r.get("max_abs"))]
     if breached:
-        ax.scatter([b[0] for b in breached], _floor([b[1] for b in breached]), color="red", zorder=3,
-                   label="bound breached")
+        ax.scatter(
+            [b[0] for b in breached], _floor([b[1] for b in breached]), color="red", zorder=3, label="bound breached"
+        )
     bounds = bound_values(rows[-1]) if rows else {}
     for key, style in (("max_abs", "--"), ("mean_abs", ":")):
         if key in bounds:

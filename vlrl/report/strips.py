@@ -55,9 +55,15 @@ def strip_cells(record: dict[str, Any], thumb: int = THUMB) -> list[Cell]:
             if feedback and message.get("role") != "system":
                 current.feedback = feedback
     # Turns the messages do not cover (a record without messages): show their text alone.
-    for turn in turns[len(cells):]:
-        cells.append(Cell(action=turn.get("text"), reward=_float(turn.get("reward")),
-                          finish=turn.get("finish_reason"), label=f"turn {turn.get('index', len(cells))}"))
+    for turn in turns[len(cells) :]:
+        cells.append(
+            Cell(
+                action=turn.get("text"),
+                reward=_float(turn.get("reward")),
+                finish=turn.get("finish_reason"),
+                label=f"turn {turn.get('index', len(cells))}",
+            )
+        )
     if current.frames:
         current.label = "final"
         cells.append(current)
@@ -69,29 +75,44 @@ def strip_html(record: dict[str, Any], thumb: int = THUMB) -> str:
     cells = strip_cells(record, thumb)
     metrics = record.get("metrics") or {}
     ret = _float(metrics.get("return"))
-    head = (f"<b>{html.escape(str(record.get('uid', '?')))}</b> · return "
-            f"<b>{'?' if ret is None else f'{ret:.3g}'}</b> · stop <code>{html.escape(str(record.get('stop_reason')))}</code>"
-            f" · {len([c for c in cells if c.action is not None])} turn(s)")
+    head = (
+        f"<b>{html.escape(str(record.get('uid', '?')))}</b> · return "
+        f"<b>{'?' if ret is None else f'{ret:.3g}'}</b> · stop "
+        f"<code>{html.escape(str(record.get('stop_reason')))}</code>"
+        f" · {len([c for c in cells if c.action is not None])} turn(s)"
+    )
     if record.get("error"):
         head += f" · error: <code>{html.escape(_clip(str(record['error'])))}</code>"
     body = "".join(_cell_html(c, thumb) for c in cells) or "<i>no turns</i>"
-    return (f"<div class='vlrl-strip' style='margin:6px 0 14px 0'><div style='font-size:13px'>{head}</div>"
-            f"<div style='display:flex;gap:6px;overflow-x:auto;align-items:flex-start'>{body}</div></div>")
+    return (
+        f"<div class='vlrl-strip' style='margin:6px 0 14px 0'><div style='font-size:13px'>{head}</div>"
+        f"<div style='display:flex;gap:6px;overflow-x:auto;align-items:flex-start'>{body}</div></div>"
+    )
 
 
 def _cell_html(cell: Cell, thumb: int) -> str:
-    imgs = "".join(f"<img src='{uri}' alt='frame' style='max-width:{thumb}px;max-height:{thumb}px;"
-                   f"image-rendering:pixelated;display:block'>" for uri in cell.frames)
+    imgs = "".join(
+        f"<img src='{uri}' alt='frame' style='max-width:{thumb}px;max-height:{thumb}px;"
+        f"image-rendering:pixelated;display:block'>"
+        for uri in cell.frames
+    )
     lines = [f"<div style='color:#666'>{html.escape(cell.label)}</div>"]
     if cell.action is not None:
         action = f"<code>{html.escape(_clip(cell.action))}</code>" if cell.action.strip() else "<i>(empty reply)</i>"
         lines.append(f"<div class='vlrl-action'>{action}</div>")
         reward = "?" if cell.reward is None else f"{cell.reward:.3g}"
-        lines.append(f"<div>reward <b>{reward}</b>" + (f" · {html.escape(str(cell.finish))}" if cell.finish else "") + "</div>")
+        lines.append(
+            f"<div>reward <b>{reward}</b>" + (f" · {html.escape(str(cell.finish))}" if cell.finish else "") + "</div>"
+        )
     if cell.feedback:
-        lines.append(f"<div style='color:#888' title='{html.escape(cell.feedback)}'>{html.escape(_clip(cell.feedback, 60))}</div>")
-    return (f"<div style='flex:0 0 auto;width:{thumb + 8}px;font-size:11px;border:1px solid #ddd;padding:3px;"
-            f"word-wrap:break-word'>{imgs}{''.join(lines)}</div>")
+        lines.append(
+            f"<div style='color:#888' title='{html.escape(cell.feedback)}'>"
+            f"{html.escape(_clip(cell.feedback, 60))}</div>"
+        )
+    return (
+        f"<div style='flex:0 0 auto;width:{thumb + 8}px;font-size:11px;border:1px solid #ddd;padding:3px;"
+        f"word-wrap:break-word'>{imgs}{''.join(lines)}</div>"
+    )
 
 
 def thumbnail_uri(url: str, size: int = THUMB) -> str:
@@ -139,7 +160,7 @@ def _clip(text: str, n: int = MAX_TEXT) -> str:
     if len(text) <= n:
         return text
     head = n // 3
-    return text[:head] + " … " + text[-(n - head - 3):]
+    return text[:head] + " … " + text[-(n - head - 3) :]
 
 
 def _float(x: Any) -> float | None:

@@ -42,29 +42,43 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
 
 def report_html(run: RunFiles) -> str:
-    sections = [_header(run), _curves(run), learning_section(run), _drift(run), _images(run), _samples(run),
-                _config(run)]
+    sections = [
+        _header(run),
+        _curves(run),
+        learning_section(run),
+        _drift(run),
+        _images(run),
+        _samples(run),
+        _config(run),
+    ]
     body = "".join(s for s in sections if s)
     name = (run.summary or {}).get("name")
     title = html.escape(f"vlrl run {name} ({run.root.name})" if isinstance(name, str) else f"vlrl run {run.root.name}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{_CSS}</style>"
-            f"</head><body><h1>{title}</h1>{body}</body></html>")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{_CSS}</style>"
+        f"</head><body><h1>{title}</h1>{body}</body></html>"
+    )
 
 
 def figures(run: RunFiles) -> dict[str, bytes]:
     """The report's PNG figures by name (reused by the pytest-html extras)."""
     last = run.agreement[-1] if run.agreement else {}
-    made = {"reward": plots.reward_curve(run), "loss": plots.loss_curve(run),
-            "drift": plots.drift_curve(run), "drift histogram": plots.drift_histogram(last)}
+    made = {
+        "reward": plots.reward_curve(run),
+        "loss": plots.loss_curve(run),
+        "drift": plots.drift_curve(run),
+        "drift histogram": plots.drift_histogram(last),
+    }
     return {name: png for name, png in made.items() if png}
 
 
-def sample_strips(run: RunFiles, max_steps: int = MAX_SAMPLE_STEPS,
-                  per_step: int = MAX_SAMPLES_PER_STEP) -> list[tuple[int, list[str]]]:
+def sample_strips(
+    run: RunFiles, max_steps: int = MAX_SAMPLE_STEPS, per_step: int = MAX_SAMPLES_PER_STEP
+) -> list[tuple[int, list[str]]]:
     """``[(step, [strip html, ...])]`` for the first and last sample steps, capped."""
     steps = list(run.samples)
     if len(steps) > max_steps:
-        steps = steps[:1] + steps[-(max_steps - 1):] if max_steps > 1 else steps[-1:]
+        steps = steps[:1] + steps[-(max_steps - 1) :] if max_steps > 1 else steps[-1:]
     return [(step, [strip_html(rec) for rec in run.samples[step][:per_step]]) for step in steps]
 
 
@@ -109,7 +123,11 @@ def _latest(run: RunFiles) -> str:
 
 
 def _curves(run: RunFiles) -> str:
-    imgs = [png_img(png, name) for name, png in (("reward", plots.reward_curve(run)), ("loss", plots.loss_curve(run))) if png]
+    imgs = [
+        png_img(png, name)
+        for name, png in (("reward", plots.reward_curve(run)), ("loss", plots.loss_curve(run)))
+        if png
+    ]
     body = "".join(imgs) or "<p class='warn'>no metrics yet (metrics.jsonl missing or empty)</p>"
     return f"<h2>Reward and loss</h2><div class='figs'>{body}</div>"
 
@@ -118,12 +136,19 @@ def _drift(run: RunFiles) -> str:
     if not run.agreement:
         return "<h2>Logprob drift</h2><p class='warn'>no agreement.jsonl</p>"
     last = run.agreement[-1]
-    imgs = [png_img(p, n) for n, p in (("drift", plots.drift_curve(run)), ("histogram", plots.drift_histogram(last))) if p]
+    imgs = [
+        png_img(p, n) for n, p in (("drift", plots.drift_curve(run)), ("histogram", plots.drift_histogram(last))) if p
+    ]
     breached = [r.get("step") for r in run.agreement if r.get("breached")]
-    note = (f"<p class='warn'>bound breached at step(s) {html.escape(_short(breached))}</p>" if breached
-            else f"<p>within bound at all {len(run.agreement)} logged step(s)</p>")
-    return (f"<h2>Logprob drift (rollout vs trainer)</h2>{note}<div class='figs'>{''.join(imgs)}</div>"
-            f"{_where_table(run.agreement)}{_turn_table(last)}")
+    note = (
+        f"<p class='warn'>bound breached at step(s) {html.escape(_short(breached))}</p>"
+        if breached
+        else f"<p>within bound at all {len(run.agreement)} logged step(s)</p>"
+    )
+    return (
+        f"<h2>Logprob drift (rollout vs trainer)</h2>{note}<div class='figs'>{''.join(imgs)}</div>"
+        f"{_where_table(run.agreement)}{_turn_table(last)}"
+    )
 
 
 def _where_table(rows: list[dict[str, Any]]) -> str:
@@ -142,11 +167,15 @@ def _where_table(rows: list[dict[str, Any]]) -> str:
                     worst[b["bin"]] = max(worst.get(b["bin"], 0.0), float(b["max_abs"]))
         body += f"<tr><td colspan='5'><b>{html.escape(title)}</b></td></tr>" + "".join(
             f"<tr><td>{_fmt(b.get('bin'))}</td><td>{_fmt(b.get('n_tokens'))}</td><td>{_fmt(b.get('mean_abs'))}</td>"
-            f"<td>{_fmt(b.get('max_abs'))}</td><td>{_fmt(worst.get(b.get('bin')))}</td></tr>" for b in bins)
+            f"<td>{_fmt(b.get('max_abs'))}</td><td>{_fmt(worst.get(b.get('bin')))}</td></tr>"
+            for b in bins
+        )
     if not body:
         return ""
-    head = (f"<tr><td>bin</td><td>tokens</td><td>mean |Δ| (step {_fmt(last.get('step'))})</td><td>max |Δ|</td>"
-            f"<td>max |Δ| over {len(rows)} step(s)</td></tr>")
+    head = (
+        f"<tr><td>bin</td><td>tokens</td><td>mean |Δ| (step {_fmt(last.get('step'))})</td><td>max |Δ|</td>"
+        f"<td>max |Δ| over {len(rows)} step(s)</td></tr>"
+    )
     return f"<p style='font-size:13px'>where it sits:</p><table class='kv'>{head}{body}</table>"
 
 
@@ -158,21 +187,28 @@ def _images(run: RunFiles) -> str:
         f"<tr><td>{_fmt(r.get('label'))} (step {_fmt(r.get('step'))})</td><td>{_fmt(r.get('turns'))}</td>"
         f"<td>{_fmt(r.get('sensitive_fraction'))}</td><td>{_fmt(r.get('blank_mean_abs_median'))}</td>"
         f"<td>{'<span class=pass>PASS</span>' if r.get('passed') else '<span class=fail>FAIL</span>'}</td></tr>"
-        for r in run.image_sensitivity)
-    return ("<h2>Image sensitivity</h2><p style='font-size:13px'>each turn's generated logprobs re-scored with "
-            "only that turn's image blanked or swapped (vlrl.checks.image_sensitivity); a blind policy moves "
-            "nothing</p><table class='kv'><tr><td>probe</td><td>turns</td><td>sensitive fraction</td>"
-            f"<td>median |Δ| blanked</td><td></td></tr>{cells}</table>")
+        for r in run.image_sensitivity
+    )
+    return (
+        "<h2>Image sensitivity</h2><p style='font-size:13px'>each turn's generated logprobs re-scored with "
+        "only that turn's image blanked or swapped (vlrl.checks.image_sensitivity); a blind policy moves "
+        "nothing</p><table class='kv'><tr><td>probe</td><td>turns</td><td>sensitive fraction</td>"
+        f"<td>median |Δ| blanked</td><td></td></tr>{cells}</table>"
+    )
 
 
 def _turn_table(row: dict[str, Any]) -> str:
     turns = [t for t in row.get("turns") or [] if isinstance(t, dict)]
     if not turns:
         return ""
-    cells = "".join(f"<tr><td>{_fmt(t.get('turn'))}</td><td>{_fmt(t.get('max_abs'))}</td><td>{_fmt(t.get('mean_abs'))}</td></tr>"
-                    for t in turns)
-    return (f"<p style='font-size:13px'>per turn at step {_fmt(row.get('step'))}:</p><table class='kv'>"
-            f"<tr><td>turn</td><td>max |Δ|</td><td>mean |Δ|</td></tr>{cells}</table>")
+    cells = "".join(
+        f"<tr><td>{_fmt(t.get('turn'))}</td><td>{_fmt(t.get('max_abs'))}</td><td>{_fmt(t.get('mean_abs'))}</td></tr>"
+        for t in turns
+    )
+    return (
+        f"<p style='font-size:13px'>per turn at step {_fmt(row.get('step'))}:</p><table class='kv'>"
+        f"<tr><td>turn</td><td>max |Δ|</td><td>mean |Δ|</td></tr>{cells}</table>"
+    )
 
 
 def _samples(run: RunFiles) -> str:

@@ -19,13 +19,21 @@ from vlrl.cli import count, env_usage, json_object, non_negative_float
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", default="color_square", help="env class for ticket rows (ignored with --data)")
-    parser.add_argument("--extras", type=json_object, default={},
-                        help="JSON object: every ticket row's extras, as in `vlrl dataset` (ignored with --data)")
+    parser.add_argument(
+        "--extras",
+        type=json_object,
+        default={},
+        help="JSON object: every ticket row's extras, as in `vlrl dataset` (ignored with --data)",
+    )
     parser.add_argument("--rows", type=count(1), default=4, help="how many ticket rows (seeds 0..N-1)")
     parser.add_argument("--data", help="a dataset parquet written by `vlrl dataset` instead of --env/--rows")
     parser.add_argument("--model", help="checkpoint dir (default: the tiny checkpoint of --arch, built if missing)")
-    parser.add_argument("--arch", default="qwen2_5_vl", choices=("qwen2_vl", "qwen2_5_vl", "qwen3_vl"),
-                        help="tiny architecture when --model is not given")
+    parser.add_argument(
+        "--arch",
+        default="qwen2_5_vl",
+        choices=("qwen2_vl", "qwen2_5_vl", "qwen3_vl"),
+        help="tiny architecture when --model is not given",
+    )
     parser.add_argument("--repeats", type=count(1), default=1, help="episodes per row")
     parser.add_argument("--max-turns", type=count(1), default=None, help="turn budget (default: the env's)")
     parser.add_argument("--max-tokens", type=count(1), default=64, help="tokens per reply")
@@ -62,13 +70,21 @@ def run(args: argparse.Namespace) -> int:
     quiet_sdl()
     rows = rows_of(args)
     sampling = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, stop=tuple(args.stop))
-    config = RolloutConfig(sampling=sampling, repeats=args.repeats, max_turns=args.max_turns, mode=args.mode,
-                           seed=args.seed)
+    config = RolloutConfig(
+        sampling=sampling, repeats=args.repeats, max_turns=args.max_turns, mode=args.mode, seed=args.seed
+    )
     path = args.model or cached_model_dir(args.arch, "tiny")
     renderer, engine = EmbeddedRenderer.from_pretrained(path), EmbeddedEngine.from_pretrained(path)
     trajectories = RolloutGenerator(renderer, engine, config).run(rows)
     out = write_jsonl(trajectories, args.out, renderer.tokenizer)
-    print(json.dumps({"trajectories": len(trajectories), "out": str(out),
-                      "stop_reasons": dict(Counter(t.stop_reason for t in trajectories)),
-                      "mean_return": sum(t.total_reward for t in trajectories) / max(1, len(trajectories))}))
+    print(
+        json.dumps(
+            {
+                "trajectories": len(trajectories),
+                "out": str(out),
+                "stop_reasons": dict(Counter(t.stop_reason for t in trajectories)),
+                "mean_return": sum(t.total_reward for t in trajectories) / max(1, len(trajectories)),
+            }
+        )
+    )
     return 0

@@ -69,8 +69,9 @@ class _Seq:
 
     def prompt(self) -> RenderedPrompt:
         """What the engine is asked to continue: the sequence so far with all its images."""
-        return dataclasses.replace(self.render, token_ids=self.prompt_ids + tuple(self.response),
-                                   placeholders=self.placeholders)
+        return dataclasses.replace(
+            self.render, token_ids=self.prompt_ids + tuple(self.response), placeholders=self.placeholders
+        )
 
     def extend(self, tokens, mask, logprobs) -> None:
         self.response.extend(tokens)
@@ -82,18 +83,30 @@ class _Seq:
     def add_turn(self, k: int, turn: _Turn, obs_start: int) -> None:
         n_gen = len(turn.gen.token_ids)
         gen_start = len(self)
-        self.extend(turn.tokens, [1] * n_gen + [0] * turn.eos_appended,
-                    [float(x) for x in turn.gen.logprobs] + [0.0] * turn.eos_appended)
+        self.extend(
+            turn.tokens,
+            [1] * n_gen + [0] * turn.eos_appended,
+            [float(x) for x in turn.gen.logprobs] + [0.0] * turn.eos_appended,
+        )
         # The turn's reward sits on its last generated token (on the appended end of turn when a
         # stop string cut the reply to nothing; the episode return is the same either way).
         if turn.tokens:
             self.rewards[gen_start - len(self.prompt_ids) + max(n_gen, 1) - 1] = turn.reward
         at = gen_start - len(self.prompt_ids)
-        self.tops[at:at + len(turn.gen.top_logprobs)] = list(turn.gen.top_logprobs)
-        self.spans.append(TurnSpan(index=k, obs_start=obs_start, gen_start=gen_start, gen_end=len(self),
-                                   reward=turn.reward, finish_reason=turn.gen.finish_reason,
-                                   eos_appended=turn.eos_appended, text=turn.text,
-                                   images_before=turn.prompt.n_images))
+        self.tops[at : at + len(turn.gen.top_logprobs)] = list(turn.gen.top_logprobs)
+        self.spans.append(
+            TurnSpan(
+                index=k,
+                obs_start=obs_start,
+                gen_start=gen_start,
+                gen_end=len(self),
+                reward=turn.reward,
+                finish_reason=turn.gen.finish_reason,
+                eos_appended=turn.eos_appended,
+                text=turn.text,
+                images_before=turn.prompt.n_images,
+            )
+        )
 
 
 @dataclass
@@ -120,8 +133,9 @@ class EpisodeRunner:
         except BadInputError as exc:
             return [failed_episode(spec, messages, f"the env's first observation cannot be rendered: {exc}")]
         except Exception as exc:  # noqa: BLE001 — a renderer server that went away ends this episode only
-            return [failed_episode(spec, messages, f"the renderer failed: {type(exc).__name__}: {exc}",
-                                   stop="engine_error")]
+            return [
+                failed_episode(spec, messages, f"the renderer failed: {type(exc).__name__}: {exc}", stop="engine_error")
+            ]
         _refuse_no_room(render, spec)
         if spec.step_wise:
             return await self._run_steps(env, messages, render, policy, spec)
@@ -150,8 +164,9 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------------ pieces of a turn
 
-    async def _turn(self, policy: Policy, prompt: RenderedPrompt, spec: EpisodeSpec, k: int,
-                    out: _Outcome) -> _Turn | None:
+    async def _turn(
+        self, policy: Policy, prompt: RenderedPrompt, spec: EpisodeSpec, k: int, out: _Outcome
+    ) -> _Turn | None:
         try:
             gen = await policy.agenerate(prompt, spec.params[k])
         except Exception as exc:  # noqa: BLE001 — a failed engine ends this episode, keeping its turns
@@ -164,8 +179,13 @@ class EpisodeRunner:
         # The template closes every assistant turn with <|im_end|>: add it when generation did not
         # (stop string, stop token, max_tokens) and the context has room for it.
         append = not ended and len(prompt) + len(ids) < spec.max_context
-        return _Turn(prompt, gen, ids + ((self.end_id,) if append else ()), append,
-                     self.tokenizer.decode(list(body), skip_special_tokens=False))
+        return _Turn(
+            prompt,
+            gen,
+            ids + ((self.end_id,) if append else ()),
+            append,
+            self.tokenizer.decode(list(body), skip_special_tokens=False),
+        )
 
     @staticmethod
     def _step(env, turn: _Turn, out: _Outcome):
@@ -188,8 +208,7 @@ class EpisodeRunner:
             return True
         return False
 
-    def _extend(self, seq: _Seq, messages: list[dict], text: str, k: int, spec: EpisodeSpec,
-                out: _Outcome) -> bool:
+    def _extend(self, seq: _Seq, messages: list[dict], text: str, k: int, spec: EpisodeSpec, out: _Outcome) -> bool:
         """Re-render with the new observations and splice them onto the sequence if they fit."""
         try:
             new = self.renderer.render(messages)
@@ -204,7 +223,7 @@ class EpisodeRunner:
             out.stop = "length"  # the observation is dropped: tensors stay those of the kept images
             return False
         delta = len(seq) - splice.obs_start_in_render
-        seq.placeholders += shift_placeholders(new.placeholders[seq.render.n_images:], delta)
+        seq.placeholders += shift_placeholders(new.placeholders[seq.render.n_images :], delta)
         n = len(splice.obs_tokens)
         seq.extend(splice.obs_tokens, [0] * n, [0.0] * n)
         seq.render = new
@@ -212,8 +231,9 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------------ step-wise
 
-    async def _run_steps(self, env, messages: list[dict], render: RenderedPrompt, policy: Policy,
-                         spec: EpisodeSpec) -> list[Trajectory]:
+    async def _run_steps(
+        self, env, messages: list[dict], render: RenderedPrompt, policy: Policy, spec: EpisodeSpec
+    ) -> list[Trajectory]:
         """One trajectory per turn: prompt = that turn's render, response = its generated tokens."""
         out, seqs = _Outcome(), []
         for k in range(spec.max_turns):
@@ -241,8 +261,7 @@ class EpisodeRunner:
                 break
             check_earlier_images(prev, render, k, offsets=False)  # a PrefixError escapes, as in multi-turn
         episode_return = sum(s.spans[0].reward for s, _ in seqs)
-        trajs = [_trajectory(f"{spec.uid}/t{k}", spec, s, out, m, step_of=spec.uid)
-                 for k, (s, m) in enumerate(seqs)]
+        trajs = [_trajectory(f"{spec.uid}/t{k}", spec, s, out, m, step_of=spec.uid) for k, (s, m) in enumerate(seqs)]
         for t in trajs:
             t.metrics["episode_return"] = episode_return
         return trajs
@@ -250,8 +269,11 @@ class EpisodeRunner:
 
 def _metrics(seq: _Seq, out: _Outcome) -> dict[str, Any]:
     valid = [m["valid_action"] for m in out.metas if isinstance(m.get("valid_action"), bool)]
-    metrics: dict[str, Any] = {"return": float(sum(s.reward for s in seq.spans)), "turns": len(seq.spans),
-                               "stop_reason": out.stop}
+    metrics: dict[str, Any] = {
+        "return": float(sum(s.reward for s in seq.spans)),
+        "turns": len(seq.spans),
+        "stop_reason": out.stop,
+    }
     if valid:
         metrics["valid_action_rate"] = sum(valid) / len(valid)
     if out.metas and "terminated" in out.metas[-1]:
@@ -261,34 +283,67 @@ def _metrics(seq: _Seq, out: _Outcome) -> dict[str, Any]:
     return metrics
 
 
-def _trajectory(uid: str, spec: EpisodeSpec, seq: _Seq, out: _Outcome, messages: list[dict],
-                step_of: str | None = None) -> Trajectory:
+def _trajectory(
+    uid: str, spec: EpisodeSpec, seq: _Seq, out: _Outcome, messages: list[dict], step_of: str | None = None
+) -> Trajectory:
     r = seq.render
     return Trajectory(
-        uid=uid, group=spec.group, prompt_ids=seq.prompt_ids, response_ids=tuple(seq.response),
-        loss_mask=tuple(seq.mask), logprobs=tuple(seq.logprobs), rewards=tuple(seq.rewards),
-        pixel_values=r.pixel_values, image_grid_thw=r.image_grid_thw, placeholders=seq.placeholders,
-        image_hashes=r.image_hashes, turns=tuple(seq.spans), stop_reason=out.stop,
-        temperature=spec.params[0].temperature if spec.params else 1.0, messages=tuple(messages),
-        metrics=_metrics(seq, out), error=out.error, weight_version=min(out.versions, default=0), step_of=step_of,
-        top_logprobs=tuple(seq.tops) if any(seq.tops) else ())
+        uid=uid,
+        group=spec.group,
+        prompt_ids=seq.prompt_ids,
+        response_ids=tuple(seq.response),
+        loss_mask=tuple(seq.mask),
+        logprobs=tuple(seq.logprobs),
+        rewards=tuple(seq.rewards),
+        pixel_values=r.pixel_values,
+        image_grid_thw=r.image_grid_thw,
+        placeholders=seq.placeholders,
+        image_hashes=r.image_hashes,
+        turns=tuple(seq.spans),
+        stop_reason=out.stop,
+        temperature=spec.params[0].temperature if spec.params else 1.0,
+        messages=tuple(messages),
+        metrics=_metrics(seq, out),
+        error=out.error,
+        weight_version=min(out.versions, default=0),
+        step_of=step_of,
+        top_logprobs=tuple(seq.tops) if any(seq.tops) else (),
+    )
 
 
-def failed_episode(spec: EpisodeSpec, messages: list[dict], error: str,
-                   stop: StopReason = "env_error") -> Trajectory:
+def failed_episode(spec: EpisodeSpec, messages: list[dict], error: str, stop: StopReason = "env_error") -> Trajectory:
     """An episode that ended before its first turn: no tokens, ``stop`` and ``error`` say why."""
-    return Trajectory(uid=spec.uid, group=spec.group, prompt_ids=(), response_ids=(), loss_mask=(), logprobs=(),
-                      rewards=(), pixel_values=None, image_grid_thw=None, placeholders=(), image_hashes=(),
-                      turns=(), stop_reason=stop, temperature=spec.params[0].temperature if spec.params else 1.0,
-                      messages=tuple(messages), metrics={"return": 0.0, "turns": 0, "stop_reason": stop},
-                      error=error)
+    return Trajectory(
+        uid=spec.uid,
+        group=spec.group,
+        prompt_ids=(),
+        response_ids=(),
+        loss_mask=(),
+        logprobs=(),
+        rewards=(),
+        pixel_values=None,
+        image_grid_thw=None,
+        placeholders=(),
+        image_hashes=(),
+        turns=(),
+        stop_reason=stop,
+        temperature=spec.params[0].temperature if spec.params else 1.0,
+        messages=tuple(messages),
+        metrics={"return": 0.0, "turns": 0, "stop_reason": stop},
+        error=error,
+    )
 
 
 def _refuse_no_room(render: RenderedPrompt, spec: EpisodeSpec) -> None:
     """The first observation must leave room for one generated token: a context too small for it is the
     run's configuration, not this episode's outcome (it would give a run that generates nothing)."""
     if spec.max_turns > 0 and len(render) >= spec.max_context:
-        raise ContextOverflowError(len(render), spec.max_context, (
-            f"the env's first observation renders to {len(render)} tokens ({render.n_images} image(s)), which leaves "
-            f"no room to generate in a context of {spec.max_context} tokens: use a model (or max_context) with "
-            f"more than {len(render)} tokens, or a smaller first observation"))
+        raise ContextOverflowError(
+            len(render),
+            spec.max_context,
+            (
+                f"the env's first observation renders to {len(render)} tokens ({render.n_images} image(s)), "
+                f"which leaves no room to generate in a context of {spec.max_context} tokens: use a model (or "
+                f"max_context) with more than {len(render)} tokens, or a smaller first observation"
+            ),
+        )

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from vlrl.checks.trajectory import check_trajectory
 from vlrl.engines.types import SamplingParams
 from vlrl.rollout.episode import EpisodeRunner, EpisodeSpec, Policy, failed_episode
-from vlrl.rollout.scripted import ScriptedPolicy, Scorer
+from vlrl.rollout.scripted import Scorer, ScriptedPolicy
 from vlrl.rollout.splice import refuse_history_rewrites
 from vlrl.rollout.types import Trajectory
 
@@ -78,12 +78,15 @@ class RolloutGenerator:
             refuse_history_rewrites(renderer, self.tokenizer)
         self.runner = EpisodeRunner(renderer, self.tokenizer)
 
-    def run(self, rows: Sequence[Any], *, script: Script | None = None, scorer: Scorer | None = None) -> list[Trajectory]:
+    def run(
+        self, rows: Sequence[Any], *, script: Script | None = None, scorer: Scorer | None = None
+    ) -> list[Trajectory]:
         """Roll out every row ``repeats`` times; trajectories in (row, repeat[, turn]) order."""
         return asyncio.run(self.arun(rows, script=script, scorer=scorer))
 
-    async def arun(self, rows: Sequence[Any], *, script: Script | None = None,
-                   scorer: Scorer | None = None) -> list[Trajectory]:
+    async def arun(
+        self, rows: Sequence[Any], *, script: Script | None = None, scorer: Scorer | None = None
+    ) -> list[Trajectory]:
         jobs = [(g, r, _as_row(row)) for g, row in enumerate(rows) for r in range(self.config.repeats)]
         bar = _progress(len(jobs), self.config.progress)
         done: dict[tuple[int, int], list[Trajectory]] = {}
@@ -98,8 +101,9 @@ class RolloutGenerator:
             bar.close()
         return [t for key in sorted(done) for t in done[key]]
 
-    async def _episode(self, group: int, repeat: int, row: dict, script: Script | None,
-                       scorer: Scorer | None) -> list[Trajectory]:
+    async def _episode(
+        self, group: int, repeat: int, row: dict, script: Script | None, scorer: Scorer | None
+    ) -> list[Trajectory]:
         """One episode; an env that cannot be made or started ends only this episode (``env_error``)."""
         from vlrl.envs import env_from_row
 
@@ -124,18 +128,33 @@ class RolloutGenerator:
         return trajectories
 
     def _failed(self, group: int, repeat: int, row: dict, error: str) -> Trajectory:
-        spec = EpisodeSpec(uid=f"{group}-{repeat}", group=group, max_turns=0, max_context=self.max_context,
-                           params=(self.config.sampling,), step_wise=self.config.mode == "step")
+        spec = EpisodeSpec(
+            uid=f"{group}-{repeat}",
+            group=group,
+            max_turns=0,
+            max_context=self.max_context,
+            params=(self.config.sampling,),
+            step_wise=self.config.mode == "step",
+        )
         return failed_episode(spec, list(row.get("prompt") or []), error)
 
     def _spec(self, group: int, repeat: int, env) -> EpisodeSpec:
         cfg = self.config
         max_turns = int(env.max_turns if cfg.max_turns is None else min(cfg.max_turns, env.max_turns))
-        params = tuple(cfg.sampling if cfg.seed is None else
-                       dataclasses.replace(cfg.sampling, seed=turn_seed(cfg.seed, group, repeat, k))
-                       for k in range(max_turns))
-        return EpisodeSpec(uid=f"{group}-{repeat}", group=group, max_turns=max_turns, max_context=self.max_context,
-                           params=params, step_wise=cfg.mode == "step")
+        params = tuple(
+            cfg.sampling
+            if cfg.seed is None
+            else dataclasses.replace(cfg.sampling, seed=turn_seed(cfg.seed, group, repeat, k))
+            for k in range(max_turns)
+        )
+        return EpisodeSpec(
+            uid=f"{group}-{repeat}",
+            group=group,
+            max_turns=max_turns,
+            max_context=self.max_context,
+            params=params,
+            step_wise=cfg.mode == "step",
+        )
 
 
 def _close_quietly(env) -> None:

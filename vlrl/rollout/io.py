@@ -16,8 +16,11 @@ from pathlib import Path
 
 
 def trajectory_record(traj, tokenizer=None) -> dict:
-    rec = {f.name: getattr(traj, f.name) for f in dataclasses.fields(traj)
-           if f.name not in ("pixel_values", "image_grid_thw", "placeholders", "turns")}
+    rec = {
+        f.name: getattr(traj, f.name)
+        for f in dataclasses.fields(traj)
+        if f.name not in ("pixel_values", "image_grid_thw", "placeholders", "turns")
+    }
     rec["logprobs"] = [None if math.isnan(x) else x for x in traj.logprobs]
     rec["image_grid_thw"] = traj.image_grid_thw.tolist() if traj.image_grid_thw is not None else []
     rec["placeholders"] = [dataclasses.asdict(p) for p in traj.placeholders]

@@ -57,9 +57,15 @@ class ScriptedPolicy:
             logprobs = tuple(float(x) for x in self.scorer(prompt, ids, params.temperature))
         else:
             logprobs = (math.nan,) * len(ids)
-        return Generation(token_ids=tuple(ids), logprobs=logprobs, finish_reason=finish, stop_reason=reason,
-                          text=self.tokenizer.decode(ids, skip_special_tokens=True), prompt_len=len(prompt),
-                          meta={"scripted": True})
+        return Generation(
+            token_ids=tuple(ids),
+            logprobs=logprobs,
+            finish_reason=finish,
+            stop_reason=reason,
+            text=self.tokenizer.decode(ids, skip_special_tokens=True),
+            prompt_len=len(prompt),
+            meta={"scripted": True},
+        )
 
     async def agenerate(self, prompt: RenderedPrompt, params: SamplingParams) -> Generation:
         try:

@@ -21,8 +21,9 @@ the start of the text (a reply starting with a newline merges with it), which ch
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from vlrl.errors import VlrlError
 from vlrl.render.types import PlaceholderRange, RenderedPrompt
@@ -48,7 +49,7 @@ class Splice:
 
 
 def _show(tokenizer, ids: Sequence[int], at: int) -> str:
-    return repr(tokenizer.decode(list(ids[max(0, at - 3): at + 3]))) if at < len(ids) else "<end>"
+    return repr(tokenizer.decode(list(ids[max(0, at - 3) : at + 3]))) if at < len(ids) else "<end>"
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -66,7 +67,8 @@ def _check_prefix(tokenizer, prev: Sequence[int], new: Sequence[int], upto: int,
             f"turn {turn}: the re-rendered conversation does not extend the previous render; first "
             f"difference at token {at}: previous {prev[at] if at < len(prev) else None} "
             f"{_show(tokenizer, prev, at)} vs new {new[at] if at < len(new) else None} {_show(tokenizer, new, at)}. "
-            "The chat template or renderer changed earlier history.")
+            "The chat template or renderer changed earlier history."
+        )
 
 
 def check_earlier_images(prev: RenderedPrompt, new: RenderedPrompt, turn: int, *, offsets: bool = True) -> None:
@@ -78,17 +80,22 @@ def check_earlier_images(prev: RenderedPrompt, new: RenderedPrompt, turn: int, *
 
     n = prev.n_images
     if new.n_images < n or tuple(new.image_hashes[:n]) != tuple(prev.image_hashes):
-        raise PrefixError(f"turn {turn}: the earlier images changed in the re-render "
-                          f"(hashes {list(prev.image_hashes)} vs {list(new.image_hashes[:n])})")
+        raise PrefixError(
+            f"turn {turn}: the earlier images changed in the re-render "
+            f"(hashes {list(prev.image_hashes)} vs {list(new.image_hashes[:n])})"
+        )
     if n == 0:
         return
     moved = [p.offset for p in new.placeholders[:n]] != [p.offset for p in prev.placeholders]
     if (offsets and moved) or [p.length for p in new.placeholders[:n]] != [p.length for p in prev.placeholders]:
-        raise PrefixError(f"turn {turn}: earlier image placeholders moved: {list(prev.placeholders)} vs "
-                          f"{list(new.placeholders[:n])}")
+        raise PrefixError(
+            f"turn {turn}: earlier image placeholders moved: {list(prev.placeholders)} vs {list(new.placeholders[:n])}"
+        )
     if not torch.equal(new.image_grid_thw[:n], prev.image_grid_thw):
-        raise PrefixError(f"turn {turn}: earlier image grids changed: {prev.image_grid_thw.tolist()} vs "
-                          f"{new.image_grid_thw[:n].tolist()}")
+        raise PrefixError(
+            f"turn {turn}: earlier image grids changed: {prev.image_grid_thw.tolist()} vs "
+            f"{new.image_grid_thw[:n].tolist()}"
+        )
     rows = int(prev.image_grid_thw.prod(-1).sum())
     if not torch.equal(new.pixel_values[:rows], prev.pixel_values):
         raise PrefixError(f"turn {turn}: the pixel values of earlier images changed in the re-render")
@@ -108,16 +115,17 @@ def splice_turn(tokenizer, prev: RenderedPrompt, new: RenderedPrompt, text: str,
         raise PrefixError(f"turn {turn}: the prompt has no {TURN_START}: not a ChatML generation prompt")
     _check_prefix(tokenizer, prev_ids, new_ids, opened + 1, turn)
     check_earlier_images(prev, new, turn)
-    head = tokenizer.decode(list(prev_ids[opened + 1:]))
+    head = tokenizer.decode(list(prev_ids[opened + 1 :]))
     want = tuple(tokenizer.encode(head + text, add_special_tokens=False)) + (end_id,)
-    got = tuple(new_ids[opened + 1: opened + 1 + len(want)])
+    got = tuple(new_ids[opened + 1 : opened + 1 + len(want)])
     at = first_difference(want, got)
     if at is not None:
         raise HistoryRewriteError(
             f"turn {turn}: the chat template rendered assistant turn {turn} differently from its text "
             f"(first difference at token {at} of the turn: expected {_show(tokenizer, want, at)}, rendered "
             f"{_show(tokenizer, got, at)}). Templates that rewrite earlier assistant turns (e.g. drop <think> "
-            "blocks) cannot give one multi-turn sequence; use step-wise rollouts (mode='step').")
+            "blocks) cannot give one multi-turn sequence; use step-wise rollouts (mode='step')."
+        )
     cut = opened + 1 + len(want)
     return Splice(obs_tokens=tuple(new_ids[cut:]), obs_start_in_render=cut)
 
@@ -137,6 +145,5 @@ def refuse_history_rewrites(renderer: Any, tokenizer) -> None:
     """
     first = [{"role": "user", "content": "probe"}]
     prev = renderer.render(first)
-    new = renderer.render(first + [{"role": "assistant", "content": PROBE_TEXT},
-                                   {"role": "user", "content": "again"}])
+    new = renderer.render(first + [{"role": "assistant", "content": PROBE_TEXT}, {"role": "user", "content": "again"}])
     splice_turn(tokenizer, prev, new, PROBE_TEXT, 0)

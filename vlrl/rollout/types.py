@@ -75,8 +75,8 @@ class Trajectory:
     loss_mask: tuple[int, ...]
     logprobs: tuple[float, ...]
     rewards: tuple[float, ...]
-    pixel_values: "torch.Tensor | None"
-    image_grid_thw: "torch.Tensor | None"
+    pixel_values: torch.Tensor | None
+    image_grid_thw: torch.Tensor | None
     placeholders: tuple[PlaceholderRange, ...]
     image_hashes: tuple[str, ...]
     turns: tuple[TurnSpan, ...]
@@ -110,5 +110,6 @@ class Trajectory:
         n = len(self.response_ids)
         for name in ("loss_mask", "logprobs", "rewards"):
             if len(getattr(self, name)) != n:
-                raise ValueError(f"trajectory {self.uid}: {name} has {len(getattr(self, name))} entries "
-                                 f"for {n} response tokens")
+                raise ValueError(
+                    f"trajectory {self.uid}: {name} has {len(getattr(self, name))} entries for {n} response tokens"
+                )

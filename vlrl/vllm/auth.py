@@ -48,6 +48,11 @@ class ApiKeyMiddleware:
             await send({"type": "websocket.close", "code": 1008})
             return
         body = b'{"error": "Unauthorized: this vlrl-started vLLM server needs the run\'s API key"}'
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

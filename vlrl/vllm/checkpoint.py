@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from vlrl.vllm.server import VllmServerError
 
@@ -25,7 +25,7 @@ def canonical_name(name: str) -> str:
     if name.startswith("visual."):
         return "model." + name
     if name.startswith("model.") and not name.startswith(("model.language_model.", "model.visual.")):
-        return "model.language_model." + name[len("model."):]
+        return "model.language_model." + name[len("model.") :]
     return name
 
 

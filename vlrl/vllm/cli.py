@@ -9,10 +9,18 @@ import os
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="checkpoint directory (ours or a downloaded Qwen-VL one)")
     parser.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (default: a free one)")
-    parser.add_argument("--max-model-len", type=int, default=None,
-                        help="context in tokens (default: the model's max_position_embeddings)")
-    parser.add_argument("--max-images-per-prompt", type=int, default=None,
-                        help="images per prompt (default: every image the context can hold)")
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="context in tokens (default: the model's max_position_embeddings)",
+    )
+    parser.add_argument(
+        "--max-images-per-prompt",
+        type=int,
+        default=None,
+        help="images per prompt (default: every image the context can hold)",
+    )
     parser.add_argument("--log", default=None, help="server log file (default under the vlrl cache)")
 
 
@@ -26,15 +34,29 @@ def run(args: argparse.Namespace) -> int:
     if not ok:
         raise SystemExit(why)
     key = os.environ.get(KEY_ENV) or new_api_key()
-    server = VllmServer(ServerConfig(args.model, port=args.port, max_model_len=args.max_model_len,
-                                     max_images_per_prompt=args.max_images_per_prompt, api_key=key, log_path=args.log))
+    server = VllmServer(
+        ServerConfig(
+            args.model,
+            port=args.port,
+            max_model_len=args.max_model_len,
+            max_images_per_prompt=args.max_images_per_prompt,
+            api_key=key,
+            log_path=args.log,
+        )
+    )
     with server:
         cfg = server.config
-        print(f"vLLM serving {args.model} at {server.url} (started in {server.start_seconds:.1f} s; "
-              f"log {server.log_path}); max_model_len {cfg.max_model_len}, {cfg.max_images_per_prompt} images per prompt", flush=True)
+        print(
+            f"vLLM serving {args.model} at {server.url} (started in {server.start_seconds:.1f} s; "
+            f"log {server.log_path}); max_model_len {cfg.max_model_len}, {cfg.max_images_per_prompt} images per prompt",
+            flush=True,
+        )
         if not os.environ.get(KEY_ENV):  # the user's own terminal: the only place the key is shown
-            print(f"every route but /health and /version needs its API key; to attach:\n"
-                  f"  export VLRL_VLLM_URL={server.url} {KEY_ENV}={key}", flush=True)
+            print(
+                f"every route but /health and /version needs its API key; to attach:\n"
+                f"  export VLRL_VLLM_URL={server.url} {KEY_ENV}={key}",
+                flush=True,
+            )
         try:
             while server.alive():
                 time.sleep(1.0)

@@ -21,12 +21,13 @@ import itertools
 import os
 import threading
 import zlib
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Coroutine, Sequence
+from typing import Any
 
-from vlrl.vllm.server import VllmServerError
 from vlrl.errors import BadInputError
+from vlrl.vllm.server import VllmServerError
 
 _RETRY_STATUS = frozenset({502, 503, 504})
 RENDER = "/v1/chat/completions/render"
@@ -50,8 +51,7 @@ class ClientConfig:
 class VllmClient:
     """POST JSON to servers ``urls[i]``; ``pick(key)`` routes round-robin or by a sticky key."""
 
-    def __init__(self, urls: str | Sequence[str], config: ClientConfig = ClientConfig(), *,
-                 api_key: str | None = None):
+    def __init__(self, urls: str | Sequence[str], config: ClientConfig = ClientConfig(), *, api_key: str | None = None):
         self.urls = (urls,) if isinstance(urls, str) else tuple(urls)
         if not self.urls:
             raise ValueError("VllmClient needs at least one server URL")
@@ -121,8 +121,10 @@ class VllmClient:
 
             c = self.config
             self._client = httpx.AsyncClient(
-                headers=self._headers, timeout=httpx.Timeout(c.timeout_s, connect=c.connect_timeout_s),
-                limits=httpx.Limits(max_connections=c.max_connections, max_keepalive_connections=c.max_connections))
+                headers=self._headers,
+                timeout=httpx.Timeout(c.timeout_s, connect=c.connect_timeout_s),
+                limits=httpx.Limits(max_connections=c.max_connections, max_keepalive_connections=c.max_connections),
+            )
         return self._client
 
     # ------------------------------------------------------------------ requests (on the client's loop)
@@ -178,11 +180,15 @@ class VllmClient:
     @staticmethod
     def _decode(resp, target: str, what: str) -> dict:
         if resp.status_code == 401:
-            raise VllmServerError(f"{what}: the vLLM server at {target} wants the run's API key (HTTP 401): "
-                                  f"pass api_key, or set ${KEY_ENV} to the key its `vlrl serve` printed")
+            raise VllmServerError(
+                f"{what}: the vLLM server at {target} wants the run's API key (HTTP 401): "
+                f"pass api_key, or set ${KEY_ENV} to the key its `vlrl serve` printed"
+            )
         if 400 <= resp.status_code < 500:
-            raise BadInputError(f"{what}: the vLLM server at {target} refused the request "
-                                f"(HTTP {resp.status_code}): {_server_message(resp)}")
+            raise BadInputError(
+                f"{what}: the vLLM server at {target} refused the request "
+                f"(HTTP {resp.status_code}): {_server_message(resp)}"
+            )
         if resp.status_code != 200:
             raise VllmServerError(f"{what}: POST {target} answered HTTP {resp.status_code}: {resp.text[:500]}")
         if not resp.content.strip():
@@ -213,6 +219,8 @@ def require(data: dict, key: str, kind: type | tuple[type, ...], target: str):
     """``data[key]`` if present with type ``kind``; else the 'answered garbage' error."""
     value = data.get(key) if isinstance(data, dict) else None
     if not isinstance(value, kind):
-        raise VllmServerError(f"{target} answered garbage: field {key!r} is {type(value).__name__}, "
-                              f"expected {getattr(kind, '__name__', kind)}")
+        raise VllmServerError(
+            f"{target} answered garbage: field {key!r} is {type(value).__name__}, "
+            f"expected {getattr(kind, '__name__', kind)}"
+        )
     return value

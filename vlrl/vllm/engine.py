@@ -32,7 +32,8 @@ tokenizer rule). ``stop_reason`` is the stop string, the stop token id, or the e
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from vlrl.engines.types import Generation, SamplingParams
 from vlrl.errors import ContextOverflowError
@@ -48,9 +49,17 @@ from vlrl.vllm.weight_sync import PROBE_TOL, WeightSync
 class VllmEngine:
     """:class:`vlrl.engines.types.Engine` over vLLM servers (round-robin, or sticky by ``route_key``)."""
 
-    def __init__(self, client: VllmClient | str | Sequence[str], tokenizer, *, model: str = "vlrl",
-                 max_context: int = 4096, eos_ids: Sequence[int] = (), model_dir: str | None = None,
-                 allow_truncation: bool = False):
+    def __init__(
+        self,
+        client: VllmClient | str | Sequence[str],
+        tokenizer,
+        *,
+        model: str = "vlrl",
+        max_context: int = 4096,
+        eos_ids: Sequence[int] = (),
+        model_dir: str | None = None,
+        allow_truncation: bool = False,
+    ):
         """``max_context`` must be the servers' ``--max-model-len`` (``vllm_stack`` passes it)."""
         self.client = client if isinstance(client, VllmClient) else VllmClient(client)
         self.tokenizer = tokenizer
@@ -64,9 +73,15 @@ class VllmEngine:
         self.weights = WeightSync(self.client, tokenizer, model=model, model_dir=model_dir)
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, client: VllmClient | str | Sequence[str], *,
-                        max_context: int | None = None, config: ClientConfig = ClientConfig(),
-                        **kwargs) -> "VllmEngine":
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike,
+        client: VllmClient | str | Sequence[str],
+        *,
+        max_context: int | None = None,
+        config: ClientConfig = ClientConfig(),
+        **kwargs,
+    ) -> VllmEngine:
         """``max_context``: the servers' ``--max-model-len`` (default: the model's ``max_position_embeddings``,
         what a server started by ``vllm_stack`` uses)."""
         from transformers import AutoTokenizer, GenerationConfig
@@ -86,9 +101,13 @@ class VllmEngine:
 
     # ------------------------------------------------------------------ generate
 
-    def generate(self, prompts: Sequence[RenderedPrompt],
-                 params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
-                 *, route_keys: Sequence[Any] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[RenderedPrompt],
+        params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
+        *,
+        route_keys: Sequence[Any] | None = None,
+    ) -> list[Generation]:
         """Generate for every prompt, concurrently (the server batches them); results in prompt order."""
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
@@ -98,8 +117,9 @@ class VllmEngine:
         futures = [self.client.submit(self._agenerate(p, sp, k)) for p, sp, k in zip(prompts, params, keys)]
         return [f.result() for f in futures]
 
-    async def agenerate(self, prompt: RenderedPrompt, params: SamplingParams = SamplingParams(), *,
-                        route_key: Any = None) -> Generation:
+    async def agenerate(
+        self, prompt: RenderedPrompt, params: SamplingParams = SamplingParams(), *, route_key: Any = None
+    ) -> Generation:
         """One request from any event loop. ``route_key`` (e.g. a trajectory id) pins a server."""
         return await self.client.arun(self._agenerate(prompt, params, route_key))
 
@@ -126,16 +146,33 @@ class VllmEngine:
             raise ValueError(f"stop_token_ids {sorted(bad)} are vision placeholder ids, which are never sampled")
         truncated = params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0
         if truncated and params.temperature > 0 and not self.allow_truncation:
-            raise ValueError("top_k/top_p/min_p: vLLM reports logprobs renormalised after truncation, which breaks "
-                             "the logprob contract; build VllmEngine(allow_truncation=True) to accept that")
-        sp = {"temperature": float(params.temperature), "top_p": float(params.top_p), "top_k": int(params.top_k),
-              "min_p": float(params.min_p), "max_tokens": min(params.max_tokens, self.max_context - n),
-              "seed": params.seed, "stop": list(params.stop), "stop_token_ids": list(params.stop_token_ids),
-              "ignore_eos": params.ignore_eos, "include_stop_str_in_output": True, "logprobs": 0,
-              "detokenize": bool(params.stop), "skip_special_tokens": True, "bad_words": list(VISION_TOKENS)}
-        return {"model": self.model, "token_ids": list(prompt.token_ids),
-                "features": generate_features(prompt, self.image_token_id), "sampling_params": sp,
-                "output_mode": "tokens"}
+            raise ValueError(
+                "top_k/top_p/min_p: vLLM reports logprobs renormalised after truncation, which breaks "
+                "the logprob contract; build VllmEngine(allow_truncation=True) to accept that"
+            )
+        sp = {
+            "temperature": float(params.temperature),
+            "top_p": float(params.top_p),
+            "top_k": int(params.top_k),
+            "min_p": float(params.min_p),
+            "max_tokens": min(params.max_tokens, self.max_context - n),
+            "seed": params.seed,
+            "stop": list(params.stop),
+            "stop_token_ids": list(params.stop_token_ids),
+            "ignore_eos": params.ignore_eos,
+            "include_stop_str_in_output": True,
+            "logprobs": 0,
+            "detokenize": bool(params.stop),
+            "skip_special_tokens": True,
+            "bad_words": list(VISION_TOKENS),
+        }
+        return {
+            "model": self.model,
+            "token_ids": list(prompt.token_ids),
+            "features": generate_features(prompt, self.image_token_id),
+            "sampling_params": sp,
+            "output_mode": "tokens",
+        }
 
     def _generation(self, data: dict, prompt: RenderedPrompt, params: SamplingParams, target: str) -> Generation:
         choices = require(data, "choices", list, target)
@@ -144,8 +181,11 @@ class VllmEngine:
         c = choices[0]
         ids = [int(t) for t in require(c, "token_ids", list, target)]
         content = (c.get("logprobs") or {}).get("content")
-        if (not isinstance(content, list) or len(content) != len(ids)
-                or any(e.get("token_id") != t for e, t in zip(content, ids))):
+        if (
+            not isinstance(content, list)
+            or len(content) != len(ids)
+            or any(e.get("token_id") != t for e, t in zip(content, ids))
+        ):
             raise VllmServerError(f"{target} answered garbage: logprobs do not match the {len(ids)} generated tokens")
         lps = [float(e["logprob"]) for e in content]
         reason, stop_reason = c.get("finish_reason"), c.get("stop_reason")
@@ -159,8 +199,16 @@ class VllmEngine:
         meta = {"server": target.rsplit(GENERATE, 1)[0]}
         if params.temperature > 0 and (params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0):
             meta["logprobs"] = "truncated"
-        return Generation(token_ids=tuple(ids), logprobs=tuple(lps), finish_reason=reason, stop_reason=stop_reason,
-                          text=text, weight_version=self._version(c), prompt_len=len(prompt.token_ids), meta=meta)
+        return Generation(
+            token_ids=tuple(ids),
+            logprobs=tuple(lps),
+            finish_reason=reason,
+            stop_reason=stop_reason,
+            text=text,
+            weight_version=self._version(c),
+            prompt_len=len(prompt.token_ids),
+            meta=meta,
+        )
 
     def _cut_before_stop(self, ids: list[int], lps: list[float], stop: str) -> tuple[list[int], list[float]]:
         at = self.tokenizer.decode(ids, skip_special_tokens=True).find(stop)
@@ -210,4 +258,3 @@ class VllmEngine:
 
     def close(self) -> None:
         self.client.close()
-

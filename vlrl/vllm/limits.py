@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from vlrl.errors import VlrlError
 
@@ -71,39 +72,55 @@ def model_limits(model_dir: str | os.PathLike) -> ModelLimits:
         head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // int(text["num_attention_heads"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise VllmLimitError(f"{root / 'config.json'}: cannot read the text model's shape ({exc!r})") from None
-    proc = (_read_json(root / "processor_config.json").get("image_processor")
-            or _read_json(root / "preprocessor_config.json"))  # ours / a downloaded Qwen-VL checkpoint's
+    proc = _read_json(root / "processor_config.json").get("image_processor") or _read_json(
+        root / "preprocessor_config.json"
+    )  # ours / a downloaded Qwen-VL checkpoint's
     size = proc.get("size") or {}
     factor = int(proc.get("patch_size", 14)) * int(proc.get("merge_size", 2))
     min_pixels = int(size.get("shortest_edge") or proc.get("min_pixels") or factor * factor)
     max_pixels = int(size.get("longest_edge") or proc.get("max_pixels") or 0)
     max_tokens = math.ceil(max_pixels / factor**2) + 2 if max_pixels else 1  # + vision start / end
-    return ModelLimits(max_position_embeddings=positions, min_image_tokens=max(1, math.ceil(min_pixels / factor**2)),
-                       max_image_tokens=max_tokens,
-                       kv_bytes_per_token=2 * layers * kv_heads * head_dim * SERVER_DTYPE_BYTES)
+    return ModelLimits(
+        max_position_embeddings=positions,
+        min_image_tokens=max(1, math.ceil(min_pixels / factor**2)),
+        max_image_tokens=max_tokens,
+        kv_bytes_per_token=2 * layers * kv_heads * head_dim * SERVER_DTYPE_BYTES,
+    )
 
 
-def resolve_limits(model_dir: str | os.PathLike, *, max_model_len: int | None = None,
-                   max_images_per_prompt: int | None = None, kv_cache_gib: int | None = None) -> ServerLimits:
+def resolve_limits(
+    model_dir: str | os.PathLike,
+    *,
+    max_model_len: int | None = None,
+    max_images_per_prompt: int | None = None,
+    kv_cache_gib: int | None = None,
+) -> ServerLimits:
     """Fill in what is not given (see the module docstring); raise :class:`VllmLimitError` when a limit cannot fit."""
     m = model_limits(model_dir)
     ctx = m.max_position_embeddings if max_model_len is None else int(max_model_len)
     if not 1 <= ctx <= m.max_position_embeddings:
-        raise VllmLimitError(f"max_model_len {ctx} does not fit the model: it must be 1..{m.max_position_embeddings} "
-                             f"(max_position_embeddings of {model_dir})")
+        raise VllmLimitError(
+            f"max_model_len {ctx} does not fit the model: it must be 1..{m.max_position_embeddings} "
+            f"(max_position_embeddings of {model_dir})"
+        )
     if m.max_image_tokens > ctx:
-        raise VllmLimitError(f"max_model_len {ctx} cannot hold one image at the processor's max_pixels "
-                             f"({m.max_image_tokens} tokens)")
+        raise VllmLimitError(
+            f"max_model_len {ctx} cannot hold one image at the processor's max_pixels ({m.max_image_tokens} tokens)"
+        )
     most = ctx // m.min_image_tokens
     images = most if max_images_per_prompt is None else int(max_images_per_prompt)
     if not 1 <= images <= most:
-        raise VllmLimitError(f"max_images_per_prompt {images} cannot fit: a {ctx}-token context holds 1..{most} "
-                             f"images ({m.min_image_tokens} tokens each at the processor's min_pixels)")
+        raise VllmLimitError(
+            f"max_images_per_prompt {images} cannot fit: a {ctx}-token context holds 1..{most} "
+            f"images ({m.min_image_tokens} tokens each at the processor's min_pixels)"
+        )
     need = math.ceil(m.kv_bytes_per_token * ctx * 1.1 / GIB)  # + block rounding and vLLM's own slack
     kv = max(1, need) if kv_cache_gib is None else int(kv_cache_gib)
     if kv < need:
-        raise VllmLimitError(f"kv_cache_gib {kv} cannot hold one {ctx}-token sequence "
-                             f"({m.kv_bytes_per_token} bytes per token: {need} GiB needed)")
+        raise VllmLimitError(
+            f"kv_cache_gib {kv} cannot hold one {ctx}-token sequence "
+            f"({m.kv_bytes_per_token} bytes per token: {need} GiB needed)"
+        )
     return ServerLimits(max_model_len=ctx, max_images_per_prompt=images, kv_cache_gib=kv)
 
 
@@ -121,6 +138,11 @@ def episode_images(env_class: str, extras: Mapping[str, Any] | None = None, max_
         turns = env.max_turns if max_turns is None else min(int(max_turns), env.max_turns)
     finally:
         env.close()
-    per_turn = sum(1 for m in messages if isinstance(m.get("content"), list)
-                   for p in m["content"] if isinstance(p, dict) and p.get("type") in IMAGE_PART_TYPES)
+    per_turn = sum(
+        1
+        for m in messages
+        if isinstance(m.get("content"), list)
+        for p in m["content"]
+        if isinstance(p, dict) and p.get("type") in IMAGE_PART_TYPES
+    )
     return max(1, per_turn * max(1, turns))

@@ -25,11 +25,13 @@ canonical data-URI part before anything reaches the server. A 400 from the serve
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from vlrl.errors import BadInputError
-from vlrl.messages import ImageLimits, PreparedMessages, prepare_messages
+from vlrl.image_decode import ImageLimits
+from vlrl.messages import PreparedMessages, prepare_messages
 from vlrl.render.types import PlaceholderRange, RenderedPrompt
 from vlrl.vllm.client import RENDER, VllmClient, require
 from vlrl.vllm.server import VllmServerError
@@ -51,8 +53,9 @@ class VllmImageFeature:
 class VllmRenderer:
     """``render(messages) -> RenderedPrompt`` through a vLLM server."""
 
-    def __init__(self, client: VllmClient | str, tokenizer, *, model: str = "vlrl",
-                 limits: ImageLimits = ImageLimits()):
+    def __init__(
+        self, client: VllmClient | str, tokenizer, *, model: str = "vlrl", limits: ImageLimits = ImageLimits()
+    ):
         self.client = VllmClient(client) if isinstance(client, str) else client
         self.tokenizer = tokenizer
         self.model = model
@@ -60,25 +63,41 @@ class VllmRenderer:
         self.image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, client: VllmClient | str, **kwargs) -> "VllmRenderer":
+    def from_pretrained(cls, path: str | os.PathLike, client: VllmClient | str, **kwargs) -> VllmRenderer:
         """Tokenizer (for ``text`` only) from the checkpoint the server serves."""
         from transformers import AutoTokenizer
 
         return cls(client, AutoTokenizer.from_pretrained(str(path)), **kwargs)
 
-    def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True,
-               tools: Sequence[dict[str, Any]] | None = None, route_key: Any = None) -> RenderedPrompt:
-        return self.client.run(self.arender(messages, add_generation_prompt=add_generation_prompt,
-                                            tools=tools, route_key=route_key))
+    def render(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+        route_key: Any = None,
+    ) -> RenderedPrompt:
+        return self.client.run(
+            self.arender(messages, add_generation_prompt=add_generation_prompt, tools=tools, route_key=route_key)
+        )
 
-    async def arender(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True,
-                      tools: Sequence[dict[str, Any]] | None = None, route_key: Any = None) -> RenderedPrompt:
+    async def arender(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+        route_key: Any = None,
+    ) -> RenderedPrompt:
         # Validated and normalised exactly as the embedded renderer does (every accepted image-part form
         # becomes one canonical data-URI part, decoded once): the server only ever sees canonical parts.
         prepared = prepare_messages(list(messages), limits=self.limits)
-        body: dict[str, Any] = {"model": self.model, "messages": prepared.messages,
-                                "add_generation_prompt": add_generation_prompt,
-                                "continue_final_message": False}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": prepared.messages,
+            "add_generation_prompt": add_generation_prompt,
+            "continue_final_message": False,
+        }
         if tools:
             body["tools"] = list(tools)
             body["tool_choice"] = "none"  # render only: no tool parser needed server-side
@@ -102,9 +121,15 @@ class VllmRenderer:
             pixels, grid = decode_pixels(items)
             engine_features = tuple(VllmImageFeature(k, m, h) for k, m, h in zip(items, metas, hashes))
         text = self._text(ids, placeholders)
-        return RenderedPrompt(token_ids=ids, pixel_values=pixels, image_grid_thw=grid, placeholders=placeholders,
-                              image_hashes=prepared.hashes, text=text,
-                              engine_features=engine_features)
+        return RenderedPrompt(
+            token_ids=ids,
+            pixel_values=pixels,
+            image_grid_thw=grid,
+            placeholders=placeholders,
+            image_hashes=prepared.hashes,
+            text=text,
+            engine_features=engine_features,
+        )
 
     def _placeholders(self, feats: dict, ids: tuple[int, ...], n_images: int, target: str):
         spans = (feats.get("mm_placeholders") or {}).get("image") or []
@@ -112,7 +137,7 @@ class VllmRenderer:
             raise _garbage(f"{target}: {n_images} images but {len(spans)} placeholder ranges")
         out = tuple(PlaceholderRange(int(s["offset"]), int(s["length"])) for s in spans)
         for k, p in enumerate(out):
-            run = ids[p.offset:p.offset + p.length]
+            run = ids[p.offset : p.offset + p.length]
             if len(run) != p.length or any(t != self.image_token_id for t in run):
                 raise _garbage(f"{target}: placeholder {k} {p} does not cover a run of {IMAGE_PAD}")
         return out
@@ -120,7 +145,7 @@ class VllmRenderer:
     def _text(self, ids: tuple[int, ...], placeholders: tuple[PlaceholderRange, ...]) -> str:
         folded, prev = [], 0
         for p in placeholders:  # one pad per image, as the chat template writes it
-            folded += ids[prev:p.offset + 1]
+            folded += ids[prev : p.offset + 1]
             prev = p.offset + p.length
         folded += ids[prev:]
         return self.tokenizer.decode(folded, skip_special_tokens=False)
@@ -136,8 +161,10 @@ def decode_pixels(items: Sequence[str]):
         data = decode_mm_kwargs_item(item).get_data()
         pv = data["pixel_values"]
         if pv.dtype != torch.float32:
-            raise _garbage("render returned non-float pixel_values (dtype "
-                                    f"{pv.dtype}): start the server with --no-mm-device-do-normalize")
+            raise _garbage(
+                "render returned non-float pixel_values (dtype "
+                f"{pv.dtype}): start the server with --no-mm-device-do-normalize"
+            )
         pixels.append(pv.clone())
         grids.append(data["image_grid_thw"].reshape(-1, 3).to(torch.int64))
     return torch.cat(pixels), torch.cat(grids)
@@ -156,14 +183,20 @@ def generate_features(prompt: RenderedPrompt, image_token_id: int) -> dict | Non
         return None
     feats = prompt.engine_features
     if len(feats) != prompt.n_images or not all(isinstance(f, VllmImageFeature) for f in feats):
-        raise BadInputError(f"prompt has {prompt.n_images} images but {len(feats)} vLLM image payloads in "
-                            "engine_features: render it with VllmRenderer")
+        raise BadInputError(
+            f"prompt has {prompt.n_images} images but {len(feats)} vLLM image payloads in "
+            "engine_features: render it with VllmRenderer"
+        )
     for k, p in enumerate(prompt.placeholders):
-        run = prompt.token_ids[p.offset:p.offset + p.length]
+        run = prompt.token_ids[p.offset : p.offset + p.length]
         if len(run) != p.length or any(t != image_token_id for t in run):
-            raise BadInputError(f"placeholder {k} ({p.offset}, {p.length}) does not cover a run of {IMAGE_PAD} "
-                                "tokens in token_ids (was the prompt spliced without shifting placeholders?)")
-    return {"mm_hashes": {"image": [f.mm_hash for f in feats]},
-            "mm_placeholders": {"image": [{"offset": p.offset, "length": p.length} for p in prompt.placeholders]},
-            "kwargs_data": {"image": [f.kwargs_data for f in feats]},
-            "mm_metadata": {"image": [f.metadata for f in feats]}}
+            raise BadInputError(
+                f"placeholder {k} ({p.offset}, {p.length}) does not cover a run of {IMAGE_PAD} "
+                "tokens in token_ids (was the prompt spliced without shifting placeholders?)"
+            )
+    return {
+        "mm_hashes": {"image": [f.mm_hash for f in feats]},
+        "mm_placeholders": {"image": [{"offset": p.offset, "length": p.length} for p in prompt.placeholders]},
+        "kwargs_data": {"image": [f.kwargs_data for f in feats]},
+        "mm_metadata": {"image": [f.metadata for f in feats]},
+    }

@@ -130,8 +130,12 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not self.api_key:
             raise VllmServerError("ServerConfig.api_key is empty: the dev and weight-reload routes would be open")
-        limits = resolve_limits(self.model_dir, max_model_len=self.max_model_len,
-                                max_images_per_prompt=self.max_images_per_prompt, kv_cache_gib=self.kv_cache_gib)
+        limits = resolve_limits(
+            self.model_dir,
+            max_model_len=self.max_model_len,
+            max_images_per_prompt=self.max_images_per_prompt,
+            kv_cache_gib=self.kv_cache_gib,
+        )
         for key, value in dataclasses.asdict(limits).items():
             object.__setattr__(self, key, value)  # frozen: the resolved limits replace the Nones once
 
@@ -144,26 +148,62 @@ class ServerConfig:
 
     def argv(self, port: int) -> list[str]:
         limits = json.dumps({"image": self.max_images_per_prompt, "video": 0})
-        return [vllm_python(), "-m", "vlrl.vllm.launch",
-                "--model", str(self.model_dir), "--served-model-name", self.served_model_name,
-                "--host", self.host, "--port", str(port), "--dtype", "float32",
-                "--max-model-len", str(self.max_model_len), "--enable-scale-out", "--enforce-eager",
-                "--limit-mm-per-prompt", limits, "--no-mm-device-do-normalize",
-                "--logprobs-mode", LOGPROBS_MODE, "--seed", "0", "--worker-extension-cls", WORKER_EXTENSION,
-                "--middleware", AUTH_MIDDLEWARE, *self.extra_args]
+        return [
+            vllm_python(),
+            "-m",
+            "vlrl.vllm.launch",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.served_model_name,
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            str(self.max_model_len),
+            "--enable-scale-out",
+            "--enforce-eager",
+            "--limit-mm-per-prompt",
+            limits,
+            "--no-mm-device-do-normalize",
+            "--logprobs-mode",
+            LOGPROBS_MODE,
+            "--seed",
+            "0",
+            "--worker-extension-cls",
+            WORKER_EXTENSION,
+            "--middleware",
+            AUTH_MIDDLEWARE,
+            *self.extra_args,
+        ]
 
     def env(self) -> dict[str, str]:
         root = self.cache_root()
-        dirs = {"VLLM_CACHE_ROOT": root / "cache", "TORCHINDUCTOR_CACHE_DIR": root / "inductor",
-                "XDG_CACHE_HOME": root / "xdg", "TMPDIR": root / "tmp"}
+        dirs = {
+            "VLLM_CACHE_ROOT": root / "cache",
+            "TORCHINDUCTOR_CACHE_DIR": root / "inductor",
+            "XDG_CACHE_HOME": root / "xdg",
+            "TMPDIR": root / "tmp",
+        }
         for d in dirs.values():
             d.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update({k: str(v) for k, v in dirs.items()})
-        env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                    "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
-                    "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_SERVER_DEV_MODE": "1",
-                    "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", API_KEY_ENV: self.api_key})
+        env.update(
+            {
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                "VLLM_SERVER_DEV_MODE": "1",
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+                API_KEY_ENV: self.api_key,
+            }
+        )
         env.update(dict(self.extra_env))
         return env
 
@@ -184,11 +224,11 @@ class VllmServer:
             raise VllmServerError("server not started")
         return f"http://{self.config.host}:{self.port}"
 
-    def start(self) -> "VllmServer":
+    def start(self) -> VllmServer:
         """Launch the subprocess and wait until ``/health`` answers 200 (or raise with the log tail)."""
         return self.launch().wait_ready()
 
-    def launch(self) -> "VllmServer":
+    def launch(self) -> VllmServer:
         """Start the subprocess without waiting (several servers can then start side by side)."""
         cfg = self.config
         self.port = cfg.port or free_port(cfg.host)
@@ -198,12 +238,18 @@ class VllmServer:
         self._t0 = time.monotonic()
         with open(self.log_path, "wb") as log:
             # own session: stop() signals the server and anything it spawned, nothing else
-            self.proc = subprocess.Popen(cfg.argv(self.port), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=cfg.env(), start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen(
+                cfg.argv(self.port),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=cfg.env(),
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         return self
 
-    def wait_ready(self) -> "VllmServer":
+    def wait_ready(self) -> VllmServer:
         """Wait for ``/health`` after :meth:`launch`; stops the server and raises if it dies or times out."""
         try:
             self._wait_healthy(self._t0 + self.config.startup_timeout_s)
@@ -216,14 +262,18 @@ class VllmServer:
     def _wait_healthy(self, deadline: float) -> None:
         while True:
             if self.proc.poll() is not None:
-                raise VllmServerError(f"vLLM server for {self.config.model_dir} exited with code "
-                                      f"{self.proc.returncode} while starting; log {self.log_path}:\n{self.log_tail()}")
+                raise VllmServerError(
+                    f"vLLM server for {self.config.model_dir} exited with code "
+                    f"{self.proc.returncode} while starting; log {self.log_path}:\n{self.log_tail()}"
+                )
             if self.healthy(timeout=2.0):
                 return
             if time.monotonic() > deadline:
-                raise VllmServerError(f"vLLM server at {self.url} not healthy after "
-                                      f"{self.config.startup_timeout_s:.0f} s; "
-                                      f"log {self.log_path}:\n{self.log_tail()}")
+                raise VllmServerError(
+                    f"vLLM server at {self.url} not healthy after "
+                    f"{self.config.startup_timeout_s:.0f} s; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
             time.sleep(0.5)
 
     def healthy(self, timeout: float = 2.0) -> bool:
@@ -264,7 +314,7 @@ class VllmServer:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
-    def __enter__(self) -> "VllmServer":
+    def __enter__(self) -> VllmServer:
         return self.start() if self.proc is None else self
 
     def __exit__(self, *exc) -> None:

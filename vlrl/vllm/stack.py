@@ -31,16 +31,24 @@ class VllmStack:
         for s in self.servers:
             s.stop()
 
-    def __enter__(self) -> "VllmStack":
+    def __enter__(self) -> VllmStack:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-def vllm_stack(model_dir: str | os.PathLike, *, max_images_per_prompt: int | None = None,
-               max_model_len: int | None = None, kv_cache_gib: int | None = None, n_servers: int = 1,
-               urls: str | list[str] | None = None, api_key: str | None = None, **server_kwargs) -> VllmStack:
+def vllm_stack(
+    model_dir: str | os.PathLike,
+    *,
+    max_images_per_prompt: int | None = None,
+    max_model_len: int | None = None,
+    kv_cache_gib: int | None = None,
+    n_servers: int = 1,
+    urls: str | list[str] | None = None,
+    api_key: str | None = None,
+    **server_kwargs,
+) -> VllmStack:
     """Start ``n_servers`` servers for ``model_dir`` (round-robin behind one client); renderer + engine on them.
 
     Limits come from the run (``vlrl.vllm.limits``): ``max_model_len`` defaults to the model's
@@ -60,8 +68,14 @@ def vllm_stack(model_dir: str | os.PathLike, *, max_images_per_prompt: int | Non
         urls = [u.strip() for u in os.environ[ATTACH_ENV].split(",") if u.strip()]
     if urls:
         api_key = api_key or os.environ.get(KEY_ENV)  # none: a 401 then says which variable to set
-    cfg = ServerConfig(str(model_dir), max_model_len=max_model_len, max_images_per_prompt=max_images_per_prompt,
-                       kv_cache_gib=kv_cache_gib, api_key=api_key or new_api_key(), **server_kwargs)
+    cfg = ServerConfig(
+        str(model_dir),
+        max_model_len=max_model_len,
+        max_images_per_prompt=max_images_per_prompt,
+        kv_cache_gib=kv_cache_gib,
+        api_key=api_key or new_api_key(),
+        **server_kwargs,
+    )
     servers = () if urls else _start(cfg, n_servers)
     client = VllmClient(urls or [s.url for s in servers], api_key=cfg.api_key)
     renderer = VllmRenderer.from_pretrained(model_dir, client, model=cfg.served_model_name)

@@ -17,7 +17,8 @@ then checked: ``/weight_checker`` checksums are taken before and after, and a sy
 nothing must leave them identical (a sync that changed only projections may leave them equal too: see
 ``vlrl.vllm.checkpoint.verify_checksums``). That the server now holds *the trainer's* values — and so
 that the reload happened — is proved by a logprob probe (:meth:`WeightSync.verify`: one image prompt +
-fixed text, against a forward of the trainer's model). Every route here needs the run's API key (``vlrl.vllm.auth``); the client sends it.
+fixed text, against a forward of the trainer's model). Every route here needs the run's API key
+(``vlrl.vllm.auth``); the client sends it.
 
 **GPU hosts (designed, not exercised here)**: no disk round trip. vLLM's weight-transfer API
 (server flag ``--weight-transfer-config``, routes under ``VLLM_SERVER_DEV_MODE=1``):
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from vlrl.render.types import RenderedPrompt
 from vlrl.vllm.checkpoint import CheckpointWriter, verify_checksums
@@ -97,8 +98,12 @@ class WeightSync:
         before = await self._checksums(url) if n_changed is not None else None
         await post(url, "/pause?mode=wait", {}, what=f"{what} (pause)")
         try:
-            data = await post(url, "/collective_rpc", {"method": "vlrl_reload_weights",
-                                                       "kwargs": {"weights_path": path}}, what=f"{what} (reload)")
+            data = await post(
+                url,
+                "/collective_rpc",
+                {"method": "vlrl_reload_weights", "kwargs": {"weights_path": path}},
+                what=f"{what} (reload)",
+            )
             check_packed(url, data)
             await self._reset_caches(url, what)
             await post(url, "/update_weight_version", {"new_version": str(version)}, what=f"{what} (version)")
@@ -132,8 +137,12 @@ class WeightSync:
         """Prompt logprobs (raw, T = 1) of ``prompt``'s tokens 1.. from one server."""
         rendered = isinstance(prompt, RenderedPrompt)
         ids = list(prompt.token_ids) if rendered else list(prompt)
-        body = {"model": self.model, "token_ids": ids, "output_mode": "tokens",
-                "sampling_params": {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0, "detokenize": False}}
+        body = {
+            "model": self.model,
+            "token_ids": ids,
+            "output_mode": "tokens",
+            "sampling_params": {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0, "detokenize": False},
+        }
         if rendered and prompt.n_images:
             body["features"] = generate_features(prompt, self._image_token_id)
         data = await self.client.post(url, GENERATE, body, what="logprob probe")
@@ -175,8 +184,10 @@ class WeightSync:
             got = self.probe_logprobs(prompt, url)
             delta = max(abs(a - b) for a, b in zip(got, want))
             if not delta <= tol:
-                raise VllmServerError(f"weight sync at {url}: probe logprobs differ from the trainer's by {delta:.3g} "
-                                      f"(> {tol:g}): the server does not hold the trainer's weights")
+                raise VllmServerError(
+                    f"weight sync at {url}: probe logprobs differ from the trainer's by {delta:.3g} "
+                    f"(> {tol:g}): the server does not hold the trainer's weights"
+                )
             worst = max(worst, delta)
         self.last_probe_delta = worst
         return worst
@@ -186,9 +197,11 @@ def check_packed(url: str, data: dict) -> None:
     """The worker's report after a reload: every packed embedding / LM-head matmul agrees with its weight."""
     results = data.get("results")
     if not isinstance(results, list) or not results or not all(isinstance(r, dict) for r in results):
-        raise VllmServerError(f"weight sync at {url}: vlrl_reload_weights answered {str(data)[:300]!r} "
-                              "(is the server started with --worker-extension-cls "
-                              "vlrl.vllm.worker.VlrlWorkerExtension?)")
+        raise VllmServerError(
+            f"weight sync at {url}: vlrl_reload_weights answered {str(data)[:300]!r} "
+            "(is the server started with --worker-extension-cls "
+            "vlrl.vllm.worker.VlrlWorkerExtension?)"
+        )
     for r in results:
         bad = {k: v for k, v in (r.get("packed_error") or {}).items() if not v <= HEAD_CHECK_TOL}
         if bad:
@@ -217,8 +230,11 @@ def reference_logprobs(model, prompt: Sequence[int] | RenderedPrompt) -> list[fl
         ids = torch.tensor([token_ids])
         kw = {}
         if rendered and prompt.n_images:
-            kw = {"pixel_values": prompt.pixel_values, "image_grid_thw": prompt.image_grid_thw,
-                  "mm_token_type_ids": mm_token_type_ids(ids, model.config.image_token_id, model.config.video_token_id)}
+            kw = {
+                "pixel_values": prompt.pixel_values,
+                "image_grid_thw": prompt.image_grid_thw,
+                "mm_token_type_ids": mm_token_type_ids(ids, model.config.image_token_id, model.config.video_token_id),
+            }
         logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **kw).logits[0].float()
         lp = torch.log_softmax(logits[:-1], -1).gather(1, ids[0, 1:, None])[:, 0]
     return lp.tolist()

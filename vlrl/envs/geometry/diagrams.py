@@ -22,8 +22,18 @@ KINDS = ("angle_sum", "isosceles", "hypotenuse", "leg")
 CANVAS = (320, 240)  # width, height
 _INK = (20, 20, 20)
 _LABEL = (0, 70, 160)
-_TRIPLES = ((3, 4, 5), (4, 3, 5), (5, 12, 13), (12, 5, 13), (6, 8, 10), (8, 6, 10), (8, 15, 17), (9, 12, 15),
-            (7, 24, 25), (12, 16, 20))
+_TRIPLES = (
+    (3, 4, 5),
+    (4, 3, 5),
+    (5, 12, 13),
+    (12, 5, 13),
+    (6, 8, 10),
+    (8, 6, 10),
+    (8, 15, 17),
+    (9, 12, 15),
+    (7, 24, 25),
+    (12, 16, 20),
+)
 
 
 @dataclass(frozen=True)
@@ -34,10 +44,10 @@ class GeometryProblem:
     question: str
     answer: str
     vertices: tuple[tuple[float, float], ...]
-    side_labels: tuple[str, str, str]   # for sides BC, CA, AB ("" = none)
+    side_labels: tuple[str, str, str]  # for sides BC, CA, AB ("" = none)
     angle_labels: tuple[str, str, str]  # at A, B, C
     right_angle_at: int | None = None
-    ticks: tuple[int, ...] = ()          # sides with an equal-length tick
+    ticks: tuple[int, ...] = ()  # sides with an equal-length tick
 
 
 def _fit(points: list[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
@@ -71,25 +81,49 @@ def make_problem(rng: np.random.Generator) -> GeometryProblem:
     kind = KINDS[int(rng.integers(len(KINDS)))]
     if kind == "angle_sum":
         a, b = (int(v) for v in rng.integers(25, 81, size=2))
-        return GeometryProblem(kind, f"In triangle ABC, angle A is {a}° and angle B is {b}°. Find x, the measure "
-                               "of angle C in degrees.", str(180 - a - b), _fit(_from_angles(a, b)),
-                               ("", "", ""), (f"{a}°", f"{b}°", "x°"))
+        return GeometryProblem(
+            kind,
+            f"In triangle ABC, angle A is {a}° and angle B is {b}°. Find x, the measure of angle C in degrees.",
+            str(180 - a - b),
+            _fit(_from_angles(a, b)),
+            ("", "", ""),
+            (f"{a}°", f"{b}°", "x°"),
+        )
     if kind == "isosceles":
         apex = 2 * int(rng.integers(15, 60))
         base = (180 - apex) / 2
-        return GeometryProblem(kind, f"Triangle ABC has AC = BC and angle C is {apex}°. Find x, the measure of "
-                               "angle A in degrees.", str(int(base)), _fit(_from_angles(base, base)),
-                               ("", "", ""), ("x°", "", f"{apex}°"), ticks=(0, 1))
+        return GeometryProblem(
+            kind,
+            f"Triangle ABC has AC = BC and angle C is {apex}°. Find x, the measure of angle A in degrees.",
+            str(int(base)),
+            _fit(_from_angles(base, base)),
+            ("", "", ""),
+            ("x°", "", f"{apex}°"),
+            ticks=(0, 1),
+        )
     if kind == "hypotenuse":
         legs = [int(v) for v in rng.integers(3, 13, size=2)]
         pts = _fit([(0.0, 0.0), (float(legs[0]), 0.0), (0.0, float(legs[1]))])  # right angle at A
-        return GeometryProblem(kind, "Triangle ABC has a right angle at A. Find x, the length of BC.",
-                               _sqrt_latex(legs[0] ** 2 + legs[1] ** 2), pts,
-                               ("x", str(legs[1]), str(legs[0])), ("", "", ""), right_angle_at=0)
+        return GeometryProblem(
+            kind,
+            "Triangle ABC has a right angle at A. Find x, the length of BC.",
+            _sqrt_latex(legs[0] ** 2 + legs[1] ** 2),
+            pts,
+            ("x", str(legs[1]), str(legs[0])),
+            ("", "", ""),
+            right_angle_at=0,
+        )
     a, b, c = _TRIPLES[int(rng.integers(len(_TRIPLES)))]  # integer hypotenuse: every label is plain
     pts = _fit([(0.0, 0.0), (float(a), 0.0), (0.0, float(b))])
-    return GeometryProblem(kind, "Triangle ABC has a right angle at A. Find x, the length of AC.", str(b),
-                           pts, (str(c), "x", str(a)), ("", "", ""), right_angle_at=0)
+    return GeometryProblem(
+        kind,
+        "Triangle ABC has a right angle at A. Find x, the length of AC.",
+        str(b),
+        pts,
+        (str(c), "x", str(a)),
+        ("", "", ""),
+        right_angle_at=0,
+    )
 
 
 def _label_at(draw: ImageDraw.ImageDraw, xy: tuple[float, float], text: str, font, fill) -> None:
@@ -116,8 +150,13 @@ def draw_problem(problem: GeometryProblem) -> np.ndarray:
         if problem.angle_labels[i]:
             inward = (centre[0] - v[i][0], centre[1] - v[i][1])
             n = math.hypot(*inward)
-            _label_at(draw, (v[i][0] + 30 * inward[0] / n, v[i][1] + 30 * inward[1] / n),
-                      problem.angle_labels[i], font, _LABEL)
+            _label_at(
+                draw,
+                (v[i][0] + 30 * inward[0] / n, v[i][1] + 30 * inward[1] / n),
+                problem.angle_labels[i],
+                font,
+                _LABEL,
+            )
     for side, (i, j) in enumerate(((1, 2), (2, 0), (0, 1))):
         mid = ((v[i][0] + v[j][0]) / 2, (v[i][1] + v[j][1]) / 2)
         if problem.side_labels[side]:
@@ -132,6 +171,9 @@ def draw_problem(problem: GeometryProblem) -> np.ndarray:
         a, b, c = v[k], v[(k + 1) % 3], v[(k + 2) % 3]
         ub = ((b[0] - a[0]) / math.dist(a, b) * 12, (b[1] - a[1]) / math.dist(a, b) * 12)
         uc = ((c[0] - a[0]) / math.dist(a, c) * 12, (c[1] - a[1]) / math.dist(a, c) * 12)
-        draw.line([(a[0] + ub[0], a[1] + ub[1]), (a[0] + ub[0] + uc[0], a[1] + ub[1] + uc[1]),
-                   (a[0] + uc[0], a[1] + uc[1])], fill=_INK, width=1)
+        draw.line(
+            [(a[0] + ub[0], a[1] + ub[1]), (a[0] + ub[0] + uc[0], a[1] + ub[1] + uc[1]), (a[0] + uc[0], a[1] + uc[1])],
+            fill=_INK,
+            width=1,
+        )
     return np.asarray(img, dtype=np.uint8)

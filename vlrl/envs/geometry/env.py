@@ -39,13 +39,20 @@ INSTRUCTIONS = (
     "step as an internal monologue wrapped inside <think>...</think> tags.\n\nYou have access to a tool to check "
     'your answer:\n  <tool_call>{"name": "calc_score", "arguments": {"answer": "<your_answer>"}}</tool_call>\n\n'
     "Use this tool to verify your solution. If your answer is wrong, you can try again with a different "
-    "approach.\nWhen you are confident in your final answer, present it as: Answer: \\boxed{$Answer}\n\n")
-BAD_TOOL = ('Invalid tool call. The only tool is calc_score, called as <tool_call>{"name": "calc_score", '
-            '"arguments": {"answer": "<your_answer>"}}</tool_call>.')
-WRONG = ("calc_score result: 0.0. Parsed answer '{answer}' does not match the reference. Your answer is wrong. "
-         "You may need to reason in a different way. Don't repeat your answer unless necessary.")
-LAST_CHANCE = (" Since you only have one chance to answer, don't call tool again. Provide your final answer in "
-               "the form: Answer: \\boxed{$Answer}")
+    "approach.\nWhen you are confident in your final answer, present it as: Answer: \\boxed{$Answer}\n\n"
+)
+BAD_TOOL = (
+    'Invalid tool call. The only tool is calc_score, called as <tool_call>{"name": "calc_score", '
+    '"arguments": {"answer": "<your_answer>"}}</tool_call>.'
+)
+WRONG = (
+    "calc_score result: 0.0. Parsed answer '{answer}' does not match the reference. Your answer is wrong. "
+    "You may need to reason in a different way. Don't repeat your answer unless necessary."
+)
+LAST_CHANCE = (
+    " Since you only have one chance to answer, don't call tool again. Provide your final answer in "
+    "the form: Answer: \\boxed{$Answer}"
+)
 _TOOL_OPEN, _TOOL_CLOSE = "<tool_call>", "</tool_call>"
 _TOOL_BODY = re.compile(r"\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 MAX_TOOL_CHARS = 4096
@@ -61,7 +68,7 @@ def find_tool_call(text: str) -> tuple[bool, str | None]:
     found = pos != -1
     while pos != -1 and tries < 8:
         tries += 1
-        body = _TOOL_BODY.match(text[pos + len(_TOOL_OPEN):pos + len(_TOOL_OPEN) + MAX_TOOL_CHARS])
+        body = _TOOL_BODY.match(text[pos + len(_TOOL_OPEN) : pos + len(_TOOL_OPEN) + MAX_TOOL_CHARS])
         if body:
             return True, _calc_score_answer(body.group(1))
         pos = text.rfind(_TOOL_OPEN, 0, pos)
@@ -100,8 +107,11 @@ class GeometryEnv:
         self.max_turns = int(max_turns)
         self.ground_truth = ground_truth
         self.turn, self._started, self._done, self._closed = 0, False, False, False
-        self.example_actions = ["\\boxed{40}", '<tool_call>{"name": "calc_score", "arguments": {"answer": "5"}}'
-                                "</tool_call>", "Answer: \\boxed{2\\sqrt{13}}"]
+        self.example_actions = [
+            "\\boxed{40}",
+            '<tool_call>{"name": "calc_score", "arguments": {"answer": "5"}}</tool_call>',
+            "Answer: \\boxed{2\\sqrt{13}}",
+        ]
 
     def init(self, prompt: list[Message] | None = None) -> tuple[list[Message], dict[str, Any]]:
         """The problem message ``[image, text]``: the row's own prompt when it carries one, else generated."""
@@ -113,8 +123,10 @@ class GeometryEnv:
             return [dict(m) for m in prompt], {"seed": self.seed, "ground_truth": self.ground_truth}
         problem = make_problem(np.random.default_rng(self.seed))
         self.ground_truth = problem.answer
-        message = {"role": "user", "content": [image_part(draw_problem(problem)),
-                                                text_part(INSTRUCTIONS + problem.question)]}
+        message = {
+            "role": "user",
+            "content": [image_part(draw_problem(problem)), text_part(INSTRUCTIONS + problem.question)],
+        }
         return [message], {"seed": self.seed, "kind": problem.kind, "ground_truth": problem.answer}
 
     def step(self, action_text: str) -> StepResult:
@@ -162,5 +174,8 @@ def make_geometry(extras: Mapping[str, Any], seed: int | None) -> GeometryEnv:
     spec = extras.get("reward_spec")
     if truth is None and isinstance(spec, Mapping):
         truth = spec.get("ground_truth")
-    return GeometryEnv(seed=seed, ground_truth=None if truth is None else str(truth).strip(),
-                       max_turns=int(extras.get("max_turns", MAX_TURNS)))
+    return GeometryEnv(
+        seed=seed,
+        ground_truth=None if truth is None else str(truth).strip(),
+        max_turns=int(extras.get("max_turns", MAX_TURNS)),
+    )

@@ -24,10 +24,14 @@ MAX_DEPTH = 24
 MAX_NUMBER_CHARS = 30
 MAX_POWER_DIGITS = 300  # refuse powers whose result would exceed ~10**300
 
-_TOKEN = re.compile(r"\s*(?:(?P<num>\d+(?:\.\d*)?|\.\d+)|(?P<cmd>\\[A-Za-z]+)|(?P<word>[A-Za-z]+)"
-                    r"|(?P<op>[-+*/^(){}\[\]]))")
-_DROP = re.compile(r"\\left|\\right|\\displaystyle|\\[,;!: ]|\$|\\%|%|\^\s*\{?\s*\\circ\s*\}?|°|\\circ|\\degree"
-                   r"|\\(?:text|mathrm|mbox)\{[^{}]*\}")
+_TOKEN = re.compile(
+    r"\s*(?:(?P<num>\d+(?:\.\d*)?|\.\d+)|(?P<cmd>\\[A-Za-z]+)|(?P<word>[A-Za-z]+)"
+    r"|(?P<op>[-+*/^(){}\[\]]))"
+)
+_DROP = re.compile(
+    r"\\left|\\right|\\displaystyle|\\[,;!: ]|\$|\\%|%|\^\s*\{?\s*\\circ\s*\}?|°|\\circ|\\degree"
+    r"|\\(?:text|mathrm|mbox)\{[^{}]*\}"
+)
 _UNITS = re.compile(r"\s*(?:units?|degrees?|deg|cm|mm|m|in|ft)\s*$", re.IGNORECASE)
 _LEAD = re.compile(r"^\s*(?:answer\s*:)?\s*(?:x\s*=)?\s*", re.IGNORECASE)
 _MUL = {"*", "\\cdot", "\\times"}
@@ -229,7 +233,7 @@ def last_boxed(text: str, max_chars: int = 512) -> str | None:
             for j in range(i, min(len(text), i + max_chars + 2)):
                 depth += {"{": 1, "}": -1}.get(text[j], 0)
                 if depth == 0:
-                    return text[i + 1:j]
+                    return text[i + 1 : j]
         start = text.rfind("\\boxed", 0, start)
     return None
 
