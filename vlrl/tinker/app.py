@@ -1,0 +1,202 @@
+"""The HTTP routes of the Tinker API (FastAPI), under ``/api/v1/``, onto a :class:`~vlrl.tinker.service.Service`.
+
+- Every route but ``healthz`` needs ``X-API-Key`` equal to the server's key (the SDK sends
+  ``TINKER_API_KEY`` there; it must start with ``tml-``).
+- Bodies larger than ``max_body_bytes`` are refused (413), before and after zstd decompression.
+- ``forward_backward`` takes protobuf only (what SDK ≥ 0.25 sends), zstd or not.
+- ``retrieve_future`` long-polls (up to ``long_poll_s``) and then answers ``{"type": "try_again"}``;
+  ``SampleResponse`` / ``ForwardBackwardOutput`` results go out as protobuf (the SDK accepts nothing else).
+- Anything the server does not do answers with one line naming it (HTTP 400 / 404), never a hang.
+"""
+
+# no `from __future__ import annotations`: FastAPI reads the routes' annotations (Request) at runtime
+
+import asyncio
+import hmac
+import io
+import time
+from typing import Any
+
+from vlrl.errors import BadInputError
+from vlrl.tinker.futures import Failed, Json, Proto
+from vlrl.tinker.service import Service
+from vlrl.tinker.wire import decode_forward_backward
+
+PREFIX = "/api/v1"
+PROTOBUF = "application/x-protobuf"
+OPEN_PATHS = frozenset({f"{PREFIX}/healthz"})
+UNSUPPORTED = {
+    "save_weights": "save_weights (training checkpoints) is not supported by vlrl tinker-serve yet",
+    "load_weights": "load_weights / create_training_client_from_state is not supported by vlrl tinker-serve yet",
+    "forward": "the JSON forward route is gone since SDK 0.25; use forward_backward (forward_only) in protobuf",
+    "create_custom_loss": "server-side custom losses are not supported (the SDK runs them client-side)",
+    "save_weights_external": "save_weights_external is not supported by vlrl tinker-serve",
+    "copy_weights": "copy_weights is not supported by vlrl tinker-serve",
+}
+CLIENT_CONFIG = {
+    "pjwt_auth_enabled": False,
+    "use_pyqwest_transport": False,
+    "proto_compress_fwdbwd": True,
+    "parallel_fwdbwd_chunks": True,
+    "sample_use_retrieve_futures": False,
+    "custom_loss_server_side": False,
+    "sample_join_sampling_session": False,
+}
+"""Feature flags for the SDK (``ClientConfigResponse``): API keys only, httpx transport, zstd protobuf bodies."""
+
+
+def build_app(service: Service, api_key: str, *, max_body_bytes: int = 256 << 20):
+    """The FastAPI app; ``api_key`` is compared in constant time on every route but ``healthz``."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, Response
+
+    app = FastAPI(title="vlrl tinker-serve", docs_url=None, redoc_url=None, openapi_url=None)
+    expected = api_key.encode()
+
+    def error(status: int, message: str) -> JSONResponse:
+        return JSONResponse({"detail": message, "error": message}, status_code=status)
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        if request.url.path not in OPEN_PATHS:
+            got = request.headers.get("x-api-key", "").encode()
+            if not hmac.compare_digest(got, expected):
+                return error(401, "missing or wrong X-API-Key (set TINKER_API_KEY to this server's key)")
+        size = request.headers.get("content-length")
+        if size is not None and int(size) > max_body_bytes:
+            return error(413, f"request body of {size} bytes is over this server's limit of {max_body_bytes}")
+        return await call_next(request)
+
+    @app.exception_handler(BadInputError)
+    async def bad_input(request: Request, exc: BadInputError) -> JSONResponse:
+        return error(400, str(exc))
+
+    @app.exception_handler(KeyError)
+    async def unknown(request: Request, exc: KeyError) -> JSONResponse:
+        return error(404, f"unknown id {exc.args[0]!r}" if exc.args else "not found")
+
+    async def body_json(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        if len(raw) > max_body_bytes:
+            raise BadInputError(f"request body over this server's limit of {max_body_bytes} bytes")
+        try:
+            data = await request.json()
+        except ValueError:
+            raise BadInputError("request body is not JSON") from None
+        if not isinstance(data, dict):
+            raise BadInputError("request body must be a JSON object")
+        return data
+
+    @app.get(f"{PREFIX}/healthz")
+    def healthz() -> dict:
+        return {"status": "ok"}
+
+    @app.get(f"{PREFIX}/get_server_capabilities")
+    def capabilities() -> dict:
+        return service.capabilities()
+
+    @app.post(f"{PREFIX}/client/config")
+    def client_config() -> dict:
+        return dict(CLIENT_CONFIG)
+
+    @app.post(f"{PREFIX}/client/dynamic_config")
+    def client_dynamic_config() -> dict:
+        return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+
+    @app.post(f"{PREFIX}/telemetry")
+    def telemetry() -> dict:
+        return {"status": "accepted"}  # TINKER_TELEMETRY=0 turns it off in the SDK; nothing is kept here
+
+    @app.post(f"{PREFIX}/create_session")
+    async def create_session(request: Request) -> dict:
+        return service.create_session(await body_json(request))
+
+    @app.post(f"{PREFIX}/session_heartbeat")
+    async def session_heartbeat(request: Request) -> dict:
+        await body_json(request)
+        return {"type": "session_heartbeat"}
+
+    json_routes = {
+        "create_model": service.create_model,
+        "get_info": service.get_info,
+        "unload_model": service.unload_model,
+        "optim_step": service.optim_step,
+        "save_weights_for_sampler": service.save_weights_for_sampler,
+        "create_sampling_session": service.create_sampling_session,
+        "asample": service.sample,
+    }
+    for name, handler in json_routes.items():
+        app.add_api_route(f"{PREFIX}/{name}", _json_route(handler, body_json), methods=["POST"], name=name)
+
+    @app.post(f"{PREFIX}/forward_backward")
+    async def forward_backward(request: Request):
+        if PROTOBUF not in request.headers.get("content-type", ""):
+            raise BadInputError(
+                f"forward_backward takes {PROTOBUF} (tinker SDK >= 0.25), got {request.headers.get('content-type')!r}"
+            )
+        raw = await request.body()
+        if request.headers.get("content-encoding", "").lower() == "zstd":
+            raw = _unzstd(raw, max_body_bytes)
+        return service.forward_backward(decode_forward_backward(raw))
+
+    @app.post(f"{PREFIX}/retrieve_future")
+    async def retrieve_future(request: Request):
+        rid = str((await body_json(request)).get("request_id"))
+        deadline = time.monotonic() + service.cfg.long_poll_s
+        delay = 0.002
+        while (outcome := service.futures.peek(rid)) is None and time.monotonic() < deadline:
+            await asyncio.sleep(delay)  # async wait: hundreds of polls need no threads
+            delay = min(delay * 2, 0.05)
+        if outcome is None:
+            return {"type": "try_again", "request_id": rid, "queue_state": "active"}
+        if isinstance(outcome, Failed):
+            return {"error": outcome.error, "category": outcome.category}
+        if isinstance(outcome, Proto):
+            if PROTOBUF not in request.headers.get("accept", ""):
+                return error(406, f"this result is {PROTOBUF} only (tinker SDK >= 0.25 asks for it)")
+            return Response(outcome.data, media_type=PROTOBUF)
+        assert isinstance(outcome, Json)
+        return outcome.data
+
+    @app.get(f"{PREFIX}/samplers/{{sampler_id}}")
+    def get_sampler(sampler_id: str) -> dict:
+        key = service.sampling_sessions[sampler_id]
+        return {
+            "sampler_id": sampler_id,
+            "base_model": service.cfg.model_name,
+            "model_path": None if key == "base" else key,
+        }
+
+    @app.api_route(f"{PREFIX}/{{rest:path}}", methods=["GET", "POST", "PUT", "DELETE"])
+    def unsupported(rest: str):
+        return error(
+            404 if rest not in UNSUPPORTED else 400,
+            UNSUPPORTED.get(rest, f"{PREFIX}/{rest} is not supported by vlrl tinker-serve"),
+        )
+
+    return app
+
+
+def _json_route(handler, body_json):
+    from fastapi import Request
+
+    async def route(request: Request) -> dict:
+        return handler(await body_json(request))
+
+    return route
+
+
+def _unzstd(raw: bytes, limit: int) -> bytes:
+    """zstd-decompress a body, refusing one that would grow past ``limit`` bytes (a zip bomb)."""
+    import zstandard
+
+    out = bytearray()
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)) as reader:
+            while len(out) <= limit and (piece := reader.read(1 << 20)):
+                out += piece
+    except zstandard.ZstdError as exc:
+        raise BadInputError(f"body is not valid zstd ({exc})") from None
+    if len(out) > limit:
+        raise BadInputError(f"decompressed body over this server's limit of {limit} bytes")
+    return bytes(out)
