@@ -239,7 +239,7 @@ def batch_agreement(batch: Any, out: Any, *, dtype: Any = "float32", bounds: Agr
                     n_worst: int = 5) -> AgreementReport:
     """:func:`compare_logprobs` for a ``vlrl.train.batch.Batch`` and its ``policy_forward`` output.
 
-    Compares ``batch.old_logprobs`` (the rollout's) with ``out.logprobs`` on ``batch.loss_mask``,
+    Compares ``batch.rollout_logprobs`` (the rollout's) with ``out.logprobs`` on ``batch.loss_mask``,
     per turn; when ``out.probe`` is set (``policy_forward(..., probe=True)`` with the engine's
     top-k in the batch) the full-distribution check is included.
     """
@@ -250,7 +250,7 @@ def batch_agreement(batch: Any, out: Any, *, dtype: Any = "float32", bounds: Agr
         labels = [f"trajectory {batch.uids[r]} token position {p}" for r, p in zip(top.rows.tolist(), top.positions.tolist())]
         dist = distribution_stats(top.ids, top.logprobs, probe.topk_ids, probe.topk_logprobs, probe.at_engine_ids,
                                   tie_tolerance=bounds.max_abs, labels=labels)
-    return compare_logprobs(batch.old_logprobs, out.logprobs, batch.loss_mask, turn_index=batch.turn_index,
+    return compare_logprobs(batch.rollout_logprobs, out.logprobs, batch.loss_mask, turn_index=batch.turn_index,
                             uids=batch.uids, token_ids=batch.input_ids, bounds=bounds, distribution=dist,
                             n_worst=n_worst, temperature=batch.temperature)
 

@@ -177,6 +177,9 @@ class OptimSection:
     lr_scale: dict = field(default_factory=dict)
     """RL learning rate per module group, as a factor of optim.lr: { vision, merger, language, embed }
     (e.g. { embed = 0.1 }); groups left out train at optim.lr (vlrl.train.trainer.make_optimizer)."""
+    master_weights: Literal["float32", "model"] = "float32"
+    """bf16 runs: float32 = AdamW steps fp32 master copies (bf16 weights drop updates below half an ulp,
+    vlrl.train.master); model = update the bf16 weights themselves. No effect on float32 runs."""
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.lr) and self.lr > 0, "optim.lr", self.lr, "must be > 0")

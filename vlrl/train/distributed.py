@@ -144,15 +144,6 @@ def global_agg_counts(masks) -> AggCounts:
     return AggCounts(int(tokens), int(seqs))
 
 
-def use_global_counts() -> None:
-    """Point the trainer's ``agg_counts`` at :func:`global_agg_counts` (bridge until ``vlrl/train/trainer.py``
-    calls it itself; a no-op then). Harmless in one process, where both count the same."""
-    from vlrl.train import trainer
-
-    if getattr(trainer, "agg_counts", None) is agg_counts:
-        trainer.agg_counts = global_agg_counts
-
-
 # ---------------------------------------------------------------------- shares of a batch
 
 

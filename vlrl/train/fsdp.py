@@ -21,6 +21,8 @@ values the trainer's bf16 forward computes with. fp32 runs (the CPU / gloo tests
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -79,6 +81,32 @@ def shard_model(model: torch.nn.Module, d: Dist, compute_dtype: torch.dtype) -> 
 
 def is_sharded(model: torch.nn.Module) -> bool:
     return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def sync_gradients(model: torch.nn.Module, sync: bool) -> None:
+    """Whether the next backward reduce-scatters its gradients (FSDP2's ``set_requires_gradient_sync``): off
+    for every micro-batch of an optimizer step but the last, which reduces the sum once. A no-op when plain."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_requires_gradient_sync(sync, recurse=False)
+
+
+@contextlib.contextmanager
+def gathered(model: torch.nn.Module) -> Iterator[None]:
+    """A no-grad pass over several micro-batches: each block stays gathered after its first forward instead of
+    being gathered again for every micro-batch (a whole compute-dtype copy of the model per rank for the
+    pass); everything is resharded at the end. The root group is left as FSDP2 runs it (gathered through
+    the forward, which the chunked LM head relies on). A no-op when plain."""
+    sharded = [b for b in blocks(model) if isinstance(b, FSDPModule)] if is_sharded(model) else []
+    for block in sharded:
+        block.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for block in sharded:
+            block.set_reshard_after_forward(True, recurse=False)
+        if sharded:
+            reshard(model)
 
 
 def reshard(model: torch.nn.Module) -> None:

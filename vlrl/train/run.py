@@ -75,8 +75,10 @@ class Run:
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
         self.dtype = _dtype(m.dtype)
-        # Sharded parameters are fp32 master weights; forwards then run in model.dtype (vlrl.train.fsdp).
-        model = load_model(self.model_dir, dtype=torch.float32 if self.dist.sharded else self.dtype,
+        # Sharded bf16 runs keep fp32 parameters as the master weights and compute in model.dtype
+        # (vlrl.train.fsdp); a plain run keeps them in the optimizer (vlrl.train.master).
+        masters = self.dist.sharded and cfg.optim.master_weights == "float32"
+        model = load_model(self.model_dir, dtype=torch.float32 if masters else self.dtype,
                            device=self.dist.device, attention=m.attention)
         self.spec = CollateSpec.from_model(model)
         self.renderer, self.engine, self._close_engine = self._inference_stack(model) if self.dist.is_main \
@@ -90,7 +92,6 @@ class Run:
             shard_model(model, self.dist, self.dtype)
             if ref is not None:
                 shard_model(ref, self.dist, self.dtype)
-            D.use_global_counts()
         self.model = model.train()
         self.trainer = Trainer(self.model, cfg.algo, cfg.optim, ref_model=ref)
         self.train_rows = make_rows(cfg.data.env, train_seeds(cfg.data.train_rows, cfg.run.seed), cfg.data.extras)
@@ -201,7 +202,7 @@ class Run:
         """Rollout vs trainer logprobs on this step's batch; logged, and fatal if run.agreement == 'stop'."""
         report = batch_agreement(batch, old, dtype=self.cfg.model.dtype)
         mask = batch.loss_mask.bool()
-        row = self.log.agreement(step, report, (old.logprobs.cpu() - batch.old_logprobs)[mask])
+        row = self.log.agreement(step, report, (old.logprobs.cpu() - batch.rollout_logprobs)[mask])
         if report.breached and self.cfg.run.agreement == "stop":
             report.raise_if_breached()
         return row

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlrl.algos import agg_counts, get_advantage_fn, get_aggregation_fn
+from vlrl.algos import get_advantage_fn, get_aggregation_fn
 from vlrl.algos.config import AlgoConfig
 from vlrl.algos.correction import rollout_correction
 from vlrl.algos.diagnostics import advantage_stats, grad_norms_by_group
@@ -21,7 +21,10 @@ from vlrl.algos.kl import kl_loss, kl_penalized_rewards
 from vlrl.algos.policy_losses import get_policy_loss_fn
 from vlrl.train.batch import Batch
 from vlrl.train.config import OptimSection
+from vlrl.train.distributed import global_agg_counts
 from vlrl.train.forward import ForwardOutput, ProbeOutput, policy_forward
+from vlrl.train.fsdp import gathered, sync_gradients
+from vlrl.train.master import MasterAdamW
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,8 @@ def make_optimizer(model, lr: float, optim: OptimSection, lr_scale: Mapping[str,
         if p.requires_grad:
             groups.setdefault(param_group(name), []).append(p)
     param_groups = [{"params": ps, "lr": lr * float(scale.get(g, 1.0)), "name": g} for g, ps in groups.items()]
-    return torch.optim.AdamW(param_groups, lr=lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+    adamw = MasterAdamW if optim.master_weights == "float32" else torch.optim.AdamW
+    return adamw(param_groups, lr=lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
 
 
 class Trainer:
@@ -82,7 +86,7 @@ class Trainer:
         ``lr`` (the SFT warm start's own AdamW) trains every module at that rate."""
         self.model, self.algo, self.optim = model, algo, optim
         self.ref_model = ref_model
-        scale = getattr(optim, "lr_scale", None) if lr is None else None
+        scale = optim.lr_scale if lr is None else None
         self.optimizer = make_optimizer(model, optim.lr if lr is None else lr, optim, scale)
 
     @torch.no_grad()
@@ -92,12 +96,13 @@ class Trainer:
 
         Micro-batches bound memory, and on CUDA they also keep the numerics the engine has: one
         forward over a 32-row, 115k-patch maze batch drifted by mean |Δ| 1e-5 (max 5e-5, random tiny
-        model) where 4-row micro-batches agreed to 2e-6 (H100, fp32; scripts/device/diag_batching.py).
+        model) where 4-row micro-batches agreed to 2e-6 (H100, fp32; measured at 5bd18d2 with a probe since folded into benchmarks/gpu_correctness.py).
         ``probe=True`` adds the trainer's top-k at the engine's top-k positions (``batch.engine_topk``).
         """
         model = model or self.model
-        parts = [policy_forward(model, sub, with_entropy=False, probe=probe)
-                 for sub in batch.split(self.optim.micro_batch_size)]
+        with gathered(model):  # FSDP: each block gathered once for all micro-batches
+            parts = [policy_forward(model, sub, with_entropy=False, probe=probe)
+                     for sub in batch.split(self.optim.micro_batch_size)]
         B, L = batch.input_ids.shape
         out = torch.zeros((B, L), dtype=torch.float32, device=parts[0].logprobs.device)
         computed = torch.zeros((B, L), dtype=torch.bool, device=out.device)
@@ -113,16 +118,19 @@ class Trainer:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def prepare(self, batch: Batch, old: ForwardOutput) -> tuple[StepInputs, dict]:
-        """Advantages, correction weights and reference logprobs for one RL step."""
+    def prepare(self, batch: Batch, old: ForwardOutput, ref: torch.Tensor | None = None
+                ) -> tuple[StepInputs, dict]:
+        """Advantages, correction weights and reference logprobs for one RL step. ``ref`` ``[B, L]``: the
+        reference logprobs when the caller computed them already; else from ``ref_model`` when there is one."""
         batch = batch.to(self.device)
         cfg, mask = self.algo, batch.loss_mask
-        ref = self.logprobs(batch, self.ref_model).logprobs if self.ref_model is not None else None
+        if ref is None and self.ref_model is not None:
+            ref = self.logprobs(batch, self.ref_model).logprobs
         rewards = batch.rewards.sum(-1)  # [B]: the episode return of each trajectory
         if cfg.kl_in_reward and ref is not None:
             rewards = kl_penalized_rewards(rewards, old.logprobs, ref, mask, cfg)
         adv = get_advantage_fn(cfg.advantage)(rewards, mask, batch.groups.tolist(), cfg)
-        weights, corr = rollout_correction(old.logprobs, batch.old_logprobs, mask, cfg)
+        weights, corr = rollout_correction(old.logprobs, batch.rollout_logprobs, mask, cfg)
         return StepInputs(old.logprobs, adv, weights, ref), {f"correction/{k}": float(v) for k, v in corr.items()}
 
     def rl_step(self, batch: Batch, inputs: StepInputs, *, seed: int = 0) -> dict[str, float]:
@@ -145,11 +153,12 @@ class Trainer:
         cfg = self.algo
         micro = [rows[i:i + self.optim.micro_batch_size] for i in range(0, len(rows), self.optim.micro_batch_size)]
         subs = [batch.select(m) for m in micro]
-        counts = agg_counts(s.loss_mask for s in subs)
+        counts = global_agg_counts(s.loss_mask for s in subs)  # every rank's tokens (FSDP sums gradients)
         agg = get_aggregation_fn(cfg.loss_agg)
         total, metrics = 0.0, {}
         first_sum, first_n = 0.0, 0
-        for m, sub in zip(micro, subs):
+        for i, (m, sub) in enumerate(zip(micro, subs, strict=True)):
+            sync_gradients(self.model, i == len(subs) - 1)  # FSDP: reduce once, after the last micro-batch
             t = _rows(inputs, m, sub.input_ids.shape[1])
             out = policy_forward(self.model, sub)
             loss_tok, pm = get_policy_loss_fn(cfg.policy_loss)(out.logprobs, t.old_logprobs, t.advantages,
@@ -177,9 +186,10 @@ class Trainer:
         micro = [list(range(i, min(i + self.optim.micro_batch_size, batch.size)))
                  for i in range(0, batch.size, self.optim.micro_batch_size)]
         subs = [batch.select(m) for m in micro]
-        n_tok = agg_counts(s.loss_mask for s in subs).num_tokens
+        n_tok = global_agg_counts(s.loss_mask for s in subs).num_tokens
         total = 0.0
-        for sub in subs:
+        for i, sub in enumerate(subs):
+            sync_gradients(self.model, i == len(subs) - 1)
             out = policy_forward(self.model, sub.replace(temperature=1.0), with_entropy=False)
             loss = -(out.logprobs * sub.loss_mask).sum() / max(1, n_tok)
             loss.backward()
