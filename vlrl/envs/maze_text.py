@@ -10,13 +10,14 @@ payload must be exactly ``'stop'`` (the reference accepted any short alphanumeri
 from __future__ import annotations
 
 import ast
+import random
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from vlrl.envs.contract import EnvError
-from vlrl.envs.maze2d import ACTION_NAMES, STOP, Maze2DEnv
-from vlrl.envs.maze_solver import expert_actions
+from vlrl.envs.maze2d import ACTION_NAMES, DELTAS, STOP, Maze2DEnv
+from vlrl.envs.maze_solver import expert_actions, shortest_path_actions
 from vlrl.envs.text_env import GymTextEnv, ParsedAction
 
 # Turn budgets cover every maze's expert (moves + stop): the longest shortest paths in 20k mazes
@@ -24,14 +25,22 @@ from vlrl.envs.text_env import GymTextEnv, ParsedAction
 # mazes unsolvable (paths come in multiples of 4); pass extras {"max_turns": 20} to compare with it.
 # The curriculum's small levels: every 5x5 expert is 4 moves + stop (one 2x2-cell maze shape up to
 # symmetry), 7x7 experts 8-16 moves + stop (3000 mazes); their budgets leave room for a few bumps.
-LEVELS = {"5x5": {"size": 5, "max_turns": 8}, "7x7": {"size": 7, "max_turns": 20},
-          "easy": {"size": 9, "max_turns": 30}, "hard": {"size": 11, "max_turns": 46}}
+LEVELS = {
+    "5x5": {"size": 5, "max_turns": 8},
+    "7x7": {"size": 7, "max_turns": 20},
+    "easy": {"size": 9, "max_turns": 30},
+    "hard": {"size": 11, "max_turns": 46},
+}
 KEYWORDS = {name: action for action, name in ACTION_NAMES.items()}  # right/up/left/down/stop -> id
 
-FORMAT_INVALID = ("The action format is invalid. The action should be a tuple of two elements with the first "
-                  "element being the action name and the second element being the action payload.")
-KEYWORD_INVALID = ("Action parsing failed. Could not find a valid action in your response.\nPlease end your "
-                   "response with <action>ACTION</action> where ACTION is one of: down, left, right, stop, up")
+FORMAT_INVALID = (
+    "The action format is invalid. The action should be a tuple of two elements with the first "
+    "element being the action name and the second element being the action payload."
+)
+KEYWORD_INVALID = (
+    "Action parsing failed. Could not find a valid action in your response.\nPlease end your "
+    "response with <action>ACTION</action> where ACTION is one of: down, left, right, stop, up"
+)
 
 _TUPLE_QUOTED = re.compile(r"\(\s*['\"][^()]{0,60}\)")
 _TUPLE_ANY = re.compile(r"\([^()]{0,62}\)")
@@ -54,7 +63,7 @@ def parse_tuple_action(text: str) -> ParsedAction:
     action = _tuple_candidate(text)
     try:
         value = ast.literal_eval(action)
-    except Exception as exc:  # SyntaxError, ValueError, MemoryError, RecursionError: all mean "unparseable"
+    except Exception as exc:  # noqa: BLE001 — SyntaxError, ValueError, MemoryError, RecursionError: all "unparseable"
         return ParsedAction(None, feedback=f"Cannot parse action string {action!r}: {exc} so the action is invalid.")
     if not isinstance(value, tuple) or len(value) != 2:
         return ParsedAction(None, feedback=FORMAT_INVALID)
@@ -66,10 +75,12 @@ def parse_tuple_action(text: str) -> ParsedAction:
         if payload == "stop":
             return ParsedAction(STOP, "stop")
     else:
-        return ParsedAction(None, feedback=f"The action name '{branch}' is not recognized in the available "
-                                           "action space.")
-    return ParsedAction(None, feedback=f"The action {payload} is not in the valid action space of {branch} "
-                                       "so nothing is executed.")
+        return ParsedAction(
+            None, feedback=f"The action name '{branch}' is not recognized in the available action space."
+        )
+    return ParsedAction(
+        None, feedback=f"The action {payload} is not in the valid action space of {branch} so nothing is executed."
+    )
 
 
 def parse_keyword_action(text: str) -> ParsedAction:
@@ -82,8 +93,10 @@ def parse_keyword_action(text: str) -> ParsedAction:
     return ParsedAction(None, feedback=KEYWORD_INVALID)
 
 
-_INTRO = ("You are navigating a {h}x{w} maze. The maze consists of walls (gray) and paths (white). You are "
-          "represented by a blue circle, and your goal is to reach the red target square.\n\n")
+_INTRO = (
+    "You are navigating a {h}x{w} maze. The maze consists of walls (gray) and paths (white). You are "
+    "represented by a blue circle, and your goal is to reach the red target square.\n\n"
+)
 
 _TUPLE_BODY = """Available actions:
 1. 'move': Move in one of four directions. Format: `('move', direction)` where direction is an integer:
@@ -134,15 +147,50 @@ def make_maze2d(level: str, extras: Mapping[str, Any], seed: int | None) -> GymT
     parser = parse_tuple_action if mode == "tuple" else parse_keyword_action
     # The class directly rather than gymnasium.make: no passive-checker overhead per step; the same
     # class is registered with gymnasium (vlrl/Maze2D-v0) for anyone who wants it from there.
-    return GymTextEnv(Maze2DEnv(maze_width=size, maze_height=size), parser=parser,
-                      prompt=maze_prompt(size, size, mode), max_turns=max_turns, seed=seed,
-                      env_class=f"maze2d/{level}", example_actions=[action_text(a, mode) for a in ACTION_NAMES])
+    return GymTextEnv(
+        Maze2DEnv(maze_width=size, maze_height=size),
+        parser=parser,
+        prompt=maze_prompt(size, size, mode),
+        max_turns=max_turns,
+        seed=seed,
+        env_class=f"maze2d/{level}",
+        example_actions=[action_text(a, mode) for a in ACTION_NAMES],
+    )
 
 
 def maze2d_expert(env: GymTextEnv, row: Mapping[str, Any]) -> Iterator[str]:
     """The SFT expert of every maze2d level (registered as ``maze2d`` in vlrl.envs.builtin): a BFS
-    shortest path to the target, then stop, in the row's action format."""
+    shortest path to the target, then stop, in the row's action format.
+
+    Row extras ``expert_noise`` = p > 0 turn it into a recovery demonstrator (DART-style noise
+    injection): at each turn, with probability p, it plays one of the moves the BFS path does not take
+    (a wall bump, or a step off the path) and then recovers, so SFT sees histories with mistakes and the
+    wall feedback. A detour is only taken while the turn budget still fits it, the way back and ``stop``,
+    so every demonstration ends on the goal. Seeded by the row's seed: the same row, the same episode.
+    """
     game = env.gym_env.unwrapped
-    mode = str((row.get("extras") or {}).get("action_mode", "keyword"))
-    for action in expert_actions(game.maze_map, game.agent, game.target):
+    extras = row.get("extras") or {}
+    mode = str(extras.get("action_mode", "keyword"))
+    noise = float(extras.get("expert_noise", 0.0))
+    if noise <= 0:
+        for action in expert_actions(game.maze_map, game.agent, game.target):
+            yield action_text(action, mode)
+        return
+    rng = random.Random(f"maze2d-expert-noise/{row.get('seed')}")
+    while True:
+        path = shortest_path_actions(game.maze_map, game.agent, game.target)
+        action = path[0] if path else STOP
+        if rng.random() < noise:
+            detour = rng.choice([a for a in DELTAS if a != action])
+            if len(path_after(game.maze_map, game.agent, game.target, detour)) + 2 <= env.max_turns - env.turn:
+                action = detour
         yield action_text(action, mode)
+        if action == STOP:
+            return
+
+
+def path_after(maze_map, agent: tuple[int, int], target: tuple[int, int], action: int) -> list[int]:
+    """The BFS path to ``target`` after playing move ``action`` from ``agent`` (a wall bump stays put)."""
+    dr, dc = DELTAS[action]
+    nxt = (agent[0] + dr, agent[1] + dc)
+    return shortest_path_actions(maze_map, agent if maze_map[nxt] == 1 else nxt, target)

@@ -1,0 +1,262 @@
+"""The maze curriculum: one level after another (5x5 -> 7x7 -> easy -> hard), each trained by SFT on the
+BFS expert's recovery demonstrations and then GRPO on the maze's sparse reward, under a wall-clock budget.
+
+A GPU command may run 10 minutes, so a level's phases are time-budgeted rather than step-counted: SFT
+steps until ``sft_seconds``, then RL steps until ``rl_seconds`` (evaluations included), each loop ending
+before it would overrun. The training itself is the trainer's own (``vlrl.train.run.Run``, the SFT step of
+``vlrl.train.loop.sft`` and ``vlrl.train.loop.rl_step``, with ``run.agreement=stop``); this module adds
+the clock, evaluation on a fixed seeded split with a 95 % interval and rollout samples of solved and failed
+mazes, and the hand-over of the weights from one level to the next (``model.path``).
+
+    from vlrl.envs.maze_curriculum import LevelPlan, train_level
+    result = train_level(LevelPlan("5x5", sft_seconds=150, rl_seconds=240), out="runs/maze_5x5")
+
+torch and the trainer are imported inside the functions: importing this module stays light.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+EVAL_SEED = 10_000_019
+"""The eval rollouts' sampling seed (greedy anyway), the one ``Run.evaluate`` uses."""
+
+
+@dataclass(frozen=True)
+class LevelPlan:
+    """One curriculum level: its env, the clock budgets of its phases and its recipe overrides."""
+
+    level: str
+    """maze2d level: 5x5, 7x7, easy or hard."""
+    sft_seconds: float
+    """Wall-clock budget of the SFT phase (from the level's start)."""
+    rl_seconds: float
+    """Wall-clock budget of the RL phase (from the end of SFT), its evaluations included."""
+    overrides: tuple[str, ...] = ()
+    """``section.key=value`` overrides on top of the ``maze_curriculum`` recipe."""
+    eval_every: int = 0
+    """Evaluate every N RL steps as well (0: only after SFT and at the end)."""
+    eval_before: bool = False
+    """Evaluate the starting weights too (0 % at random init: skipped to save the budget)."""
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Greedy success on the level's fixed eval split."""
+
+    label: str
+    solved: int
+    episodes: int
+    low: float
+    high: float
+    """The 95 % Wilson score interval of the success rate."""
+
+    @property
+    def success(self) -> float:
+        return self.solved / max(1, self.episodes)
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    """What one level reached, and what it cost."""
+
+    level: str
+    out: str
+    sft_steps: int
+    rl_steps: int
+    sft_seconds: float
+    rl_seconds: float
+    evals: tuple[EvalResult, ...]
+    weights: str
+    """The model directory holding the level's final weights (the next level's ``model.path``)."""
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        evals = [asdict(e) | {"success": e.success} for e in self.evals]
+        return asdict(self) | {"evals": evals}
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion ``k / n`` (95 % at z = 1.96)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def level_config(plan: LevelPlan, out: str | Path, model_path: str | Path | None = None):
+    """The level's TrainConfig: the ``maze_curriculum`` recipe, its env, the plan's overrides."""
+    from vlrl.train.config import load_config
+
+    extra = [f"model.path={model_path}"] if model_path else []
+    return load_config(
+        "maze_curriculum",
+        [
+            f"data.env=maze2d/{plan.level}",
+            f"name=maze_{plan.level}",
+            *plan.overrides,
+            *extra,
+            f"run.out={out}",
+            "run.progress=False",
+        ],
+    )
+
+
+def evaluate(run, step: int, label: str, keep: int = 4) -> EvalResult:
+    """``Run.evaluate`` with the success count, its interval, and samples of solved *and* failed episodes
+    (half each where there are both) instead of the first few."""
+    from vlrl.rollout.io import write_jsonl
+
+    trajs = run.rollout(
+        run.eval_rows, seed=EVAL_SEED, temperature=run.cfg.rollout.eval_temperature, repeats=1, shared=False
+    )
+    solved = [t for t in trajs if t.total_reward > 0]
+    failed = [t for t in trajs if t.total_reward <= 0]
+    low, high = wilson(len(solved), len(trajs))
+    result = EvalResult(label, len(solved), len(trajs), low, high)
+    mean = sum(t.total_reward for t in trajs) / max(1, len(trajs))
+    run.log.metrics(
+        step,
+        "eval",
+        {
+            "eval_reward_mean": mean,
+            "eval_success": result.success,
+            "label": label,
+            "eval_episodes": len(trajs),
+            "success_low": low,
+            "success_high": high,
+        },
+    )
+    half = keep // 2
+    shown = solved[: max(half, keep - len(failed))] + failed[: max(half, keep - len(solved))]
+    write_jsonl(shown[:keep], run.log.dir / "samples" / f"step_{step:06d}.jsonl")
+    return result
+
+
+def sft_phase(run, deadline: float) -> int:
+    """SFT steps (the loop's: expert episodes, cross-entropy, its own AdamW) until ``deadline``; the
+    engine gets the weights at the end. Returns the steps taken. A step is started only while the mean
+    step time so far still fits."""
+    from vlrl.train.experts import expert_for
+    from vlrl.train.loop import require_batch
+    from vlrl.train.trainer import Trainer
+
+    cfg = run.cfg
+    expert = expert_for(cfg.sft.expert or "maze2d")
+    trainer = Trainer(run.model, cfg.algo, cfg.optim, lr=cfg.sft.lr)
+    k, t0 = 0, time.time()
+    while k < cfg.sft.steps and time.time() + (time.time() - t0) / max(1, k) < deadline:
+        trajs = run.rollout(run.next_rows(cfg.sft.rows_per_step), seed=k, repeats=1, script=expert)
+        values = run.sft_update(trainer, require_batch(run, trajs, f"SFT step {k + 1}"))
+        k += 1
+        run.state.sft_step = k
+        run.log.metrics(k, "sft", values)
+    run.sync_weights()
+    return k
+
+
+def rl_phase(run, plan: LevelPlan, deadline: float, evals: list[EvalResult], eval_seconds: float) -> int:
+    """GRPO steps (``vlrl.train.loop.rl_step``: rollout, agreement check, update, verified sync) until
+    ``deadline``, reserving one evaluation's time for the final one. Returns the steps taken."""
+    from vlrl.train.loop import rl_step
+
+    step, t0 = 0, time.time()
+    while step < run.cfg.run.steps:
+        per_step = (time.time() - t0) / max(1, step) if step else 0.0
+        if time.time() + per_step + eval_seconds > deadline:
+            break
+        rl_step(run, step)
+        step += 1
+        if plan.eval_every and step % plan.eval_every == 0:
+            evals.append(evaluate(run, step, "during"))
+    return step
+
+
+def save_weights(run, dest: Path) -> Path:
+    """A loadable model directory with the run's current weights: the source checkpoint's config,
+    tokenizer and processor files, the trained safetensors."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(run.model_dir, dest, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json"))
+    run.model.save_pretrained(dest)
+    return dest
+
+
+def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None = None) -> LevelResult:
+    """Train one level within its budgets; writes the run dir (metrics, agreement, samples, summary,
+    report) and ``<out>/weights``; returns what it reached."""
+    from vlrl.report.training import write_report
+    from vlrl.train.checkpoint import write_atomic
+    from vlrl.train.run import Run
+
+    t0 = time.time()
+    cfg = level_config(plan, out, model_path)
+    run = Run(cfg)
+    try:
+        run.log.reset()
+        write_atomic(run.log.dir / "config.toml", cfg.to_toml())
+        evals: list[EvalResult] = []
+        if plan.eval_before:
+            evals.append(evaluate(run, 0, "before"))
+        sft_steps = sft_phase(run, t0 + plan.sft_seconds) if cfg.sft.steps else 0
+        t_sft = time.time()
+        e0 = time.time()
+        evals.append(evaluate(run, 0, "after_sft" if sft_steps else "start"))
+        rl_steps = rl_phase(run, plan, t_sft + plan.rl_seconds, evals, time.time() - e0)
+        if rl_steps:
+            evals.append(evaluate(run, rl_steps, "after"))
+        weights = save_weights(run, Path(out) / "weights")
+        result = LevelResult(
+            plan.level,
+            str(out),
+            sft_steps,
+            rl_steps,
+            round(t_sft - t0, 1),
+            round(time.time() - t_sft, 1),
+            tuple(evals),
+            str(weights),
+            _config_row(cfg),
+        )
+        summary = {
+            "name": cfg.name,
+            "eval_before": evals[0].success,
+            "eval_after": evals[-1].success,
+            "steps": rl_steps,
+            "sft_steps": sft_steps,
+            "seconds": round(time.time() - t0, 1),
+            "out": str(out),
+            "level": result.row(),
+        }
+        run.log.write_json("summary.json", summary)
+    finally:
+        run.close()
+    write_report(out)
+    return result
+
+
+def _config_row(cfg) -> dict[str, Any]:
+    return {
+        "size": cfg.model.size,
+        "dtype": cfg.model.dtype,
+        "device": cfg.model.device,
+        "env": cfg.data.env,
+        "extras": dict(cfg.data.extras),
+        "eval_rows": cfg.data.eval_rows,
+        "sft_lr": cfg.sft.lr,
+        "sft_rows_per_step": cfg.sft.rows_per_step,
+        "rl_lr": cfg.optim.lr,
+        "rollout": f"{cfg.rollout.rows_per_step} rows x {cfg.rollout.repeats}",
+        "agreement": cfg.run.agreement,
+    }
+
+
+def write_results(results: list[LevelResult], path: str | Path) -> None:
+    Path(path).write_text(json.dumps([r.row() for r in results], indent=2) + "\n")
