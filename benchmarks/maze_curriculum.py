@@ -24,14 +24,18 @@ from vlrl.envs.maze_curriculum import LevelPlan, train_level, write_results
 
 
 def parse_plan(text: str, overrides: tuple[str, ...], eval_every: int) -> LevelPlan:
-    level, sft, rl = text.split(":")
-    return LevelPlan(level, float(sft), float(rl), overrides=overrides, eval_every=eval_every)
+    """``level:sft_seconds:rl_seconds[:sft_pool]``."""
+    level, sft, rl, *pool = text.split(":")
+    extra = {"sft_pool": int(pool[0])} if pool else {}
+    return LevelPlan(level, float(sft), float(rl), overrides=overrides, eval_every=eval_every, **extra)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--plan", action="append", required=True, help="level:sft_seconds:rl_seconds (repeatable)")
+    ap.add_argument(
+        "--plan", action="append", required=True, help="level:sft_seconds:rl_seconds[:sft_pool batches] (repeatable)"
+    )
     ap.add_argument("--weights", default=None, help="model dir to start the first level from (default random init)")
     ap.add_argument("--set", action="append", default=[], help="section.key=value for every level")
     ap.add_argument("--eval-every", type=int, default=0, help="also evaluate every N RL steps")
@@ -52,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "level": plan.level,
                     "sft_steps": result.sft_steps,
+                    "sft_episodes": result.sft_episodes,
                     "rl_steps": result.rl_steps,
                     "sft_s": result.sft_seconds,
                     "rl_s": result.rl_seconds,

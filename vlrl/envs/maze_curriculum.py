@@ -42,6 +42,8 @@ class LevelPlan:
     """``section.key=value`` overrides on top of the ``maze_curriculum`` recipe."""
     eval_every: int = 0
     """Evaluate every N RL steps as well (0: only after SFT and at the end)."""
+    sft_pool: int = 48
+    """SFT batches generated and then cycled over (see :func:`sft_phase`)."""
     eval_before: bool = False
     """Evaluate the starting weights too (0 % at random init: skipped to save the budget)."""
 
@@ -69,6 +71,8 @@ class LevelResult:
     level: str
     out: str
     sft_steps: int
+    sft_episodes: int
+    """Distinct expert episodes the SFT steps cycled over."""
     rl_steps: int
     sft_seconds: float
     rl_seconds: float
@@ -141,10 +145,15 @@ def evaluate(run, step: int, label: str, keep: int = 4) -> EvalResult:
     return result
 
 
-def sft_phase(run, deadline: float) -> int:
-    """SFT steps (the loop's: expert episodes, cross-entropy, its own AdamW) until ``deadline``; the
-    engine gets the weights at the end. Returns the steps taken. A step is started only while the mean
-    step time so far still fits."""
+def sft_phase(run, deadline: float, pool: int) -> tuple[int, int]:
+    """SFT steps (cross-entropy on expert episodes, its own AdamW, as ``vlrl.train.loop.sft``) until
+    ``deadline``; the engine gets the weights at the end. Returns (steps, episodes generated).
+
+    The expert's episodes do not depend on the model, and generating them (rendering every turn's
+    conversation) costs far more than an update of the tiny model, so the first ``pool`` steps each roll
+    out a fresh batch and keep it; later steps cycle over the kept batches (epochs over a fixed set of
+    ``pool * sft.rows_per_step`` demonstrations). A step starts only while the last step's time still fits.
+    """
     from vlrl.train.experts import expert_for
     from vlrl.train.loop import require_batch
     from vlrl.train.trainer import Trainer
@@ -152,15 +161,23 @@ def sft_phase(run, deadline: float) -> int:
     cfg = run.cfg
     expert = expert_for(cfg.sft.expert or "maze2d")
     trainer = Trainer(run.model, cfg.algo, cfg.optim, lr=cfg.sft.lr)
-    k, t0 = 0, time.time()
-    while k < cfg.sft.steps and time.time() + (time.time() - t0) / max(1, k) < deadline:
-        trajs = run.rollout(run.next_rows(cfg.sft.rows_per_step), seed=k, repeats=1, script=expert)
-        values = run.sft_update(trainer, require_batch(run, trajs, f"SFT step {k + 1}"))
+    batches: list = []
+    k, last = 0, 0.0
+    while k < cfg.sft.steps and time.time() + last < deadline:
+        t = time.time()
+        if len(batches) < max(1, pool):
+            trajs = run.rollout(run.next_rows(cfg.sft.rows_per_step), seed=k, repeats=1, script=expert)
+            batches.append(require_batch(run, trajs, f"SFT step {k + 1}"))
+            batch = batches[-1]
+        else:
+            batch = batches[k % len(batches)]
+        values = run.sft_update(trainer, batch)
         k += 1
         run.state.sft_step = k
-        run.log.metrics(k, "sft", values)
+        run.log.metrics(k, "sft", values | {"sft_episodes": len(batches) * cfg.sft.rows_per_step})
+        last = time.time() - t
     run.sync_weights()
-    return k
+    return k, len(batches) * cfg.sft.rows_per_step
 
 
 def rl_phase(run, plan: LevelPlan, deadline: float, evals: list[EvalResult], eval_seconds: float) -> int:
@@ -206,7 +223,7 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
         evals: list[EvalResult] = []
         if plan.eval_before:
             evals.append(evaluate(run, 0, "before"))
-        sft_steps = sft_phase(run, t0 + plan.sft_seconds) if cfg.sft.steps else 0
+        sft_steps, episodes = sft_phase(run, t0 + plan.sft_seconds, plan.sft_pool) if cfg.sft.steps else (0, 0)
         t_sft = time.time()
         e0 = time.time()
         evals.append(evaluate(run, 0, "after_sft" if sft_steps else "start"))
@@ -218,6 +235,7 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
             plan.level,
             str(out),
             sft_steps,
+            episodes,
             rl_steps,
             round(t_sft - t0, 1),
             round(time.time() - t_sft, 1),
