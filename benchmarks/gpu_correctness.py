@@ -138,7 +138,7 @@ def old_engine_table(old_tree: Path) -> list[dict]:
 
     sys.path.insert(0, str(old_tree.resolve()))
     sys.path.insert(1, str(ROOT / "tests" / "checks"))
-    import vlrl  # noqa: F401  (the old tree's)
+    import vlrl  # the old tree's
 
     assert str(old_tree.resolve()) in vlrl.__file__, vlrl.__file__
     _load("vlrl.checks.bounds", ROOT / "vlrl/checks/bounds.py")

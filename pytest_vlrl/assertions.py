@@ -115,5 +115,5 @@ def _row(name: str, s) -> str:
 def _decode(tokenizer, token_id: int) -> str:
     try:
         return tokenizer.decode([token_id])
-    except Exception as exc:  # a message helper must not hide the real failure
+    except Exception as exc:  # noqa: BLE001 — a message helper must not hide the real failure
         return f"<undecodable {token_id}: {exc}>"

@@ -22,8 +22,8 @@ import pytest
 
 from pytest_vlrl.golden import DIFFS
 
-RUNS = pytest.StashKey[list]()
-EXTRAS = pytest.StashKey[list]()
+RUNS = pytest.StashKey[list[Path]]()
+EXTRAS = pytest.StashKey[list[dict[str, Any]]]()  # pytest-html extras
 MAX_STRIP_STEPS = 2
 """Sample steps per test row (first and last): tests.html holds every test, keep each row light."""
 MAX_STRIPS_PER_STEP = 3
@@ -77,7 +77,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = outcome.get_result()
     if report.when != "call" or not html_active(item.config):
         return
-    added = list(item.stash.get(EXTRAS, []))
+    added = item.stash.get(EXTRAS, []).copy()
     for run_dir in item.stash.get(RUNS, []):
         added += _guarded(run_extras, run_dir)
     if report.failed and item.stash.get(DIFFS, None):

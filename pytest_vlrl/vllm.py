@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from vlrl.vllm.stack import VllmStack
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -44,7 +48,7 @@ def vllm_stack(request: pytest.FixtureRequest, vlrl_model_dir):
     Reused across the session while alive and with enough servers; a test that killed a server
     gets a fresh stack on the next call.
     """
-    running: OrderedDict[str, object] = OrderedDict()
+    running: OrderedDict[str, VllmStack] = OrderedDict()
     limit = max(1, request.config.getoption("vllm_max_servers"))
 
     def get(arch: str, n_servers: int = 1):

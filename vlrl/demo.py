@@ -13,8 +13,13 @@ import html
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vlrl.models.archs import ARCHS
+
+if TYPE_CHECKING:  # the embedded engine, not any Engine: the agreement check reads its in-process model
+    from vlrl.engines.embedded import EmbeddedEngine
+    from vlrl.render.types import Renderer
 
 EPISODES = (("color_square", 1), ("maze2d/easy", 4), ("geometry", 2))
 
@@ -49,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if worst <= 1e-4 else 1
 
 
-def play(renderer, engine, env_class: str, max_turns: int, seed: int) -> dict:
+def play(renderer: Renderer, engine: EmbeddedEngine, env_class: str, max_turns: int, seed: int) -> dict:
     """One episode, at most ``max_turns`` turns, with a per-turn logprob agreement check."""
     from vlrl.engines.types import SamplingParams
     from vlrl.envs import make_env

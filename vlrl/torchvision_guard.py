@@ -24,7 +24,7 @@ SCHEMAS = {
     "nms": "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
     "qnms": "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
 }
-_LIBRARY = []  # the torch.library fragment must outlive the call, or its definitions go away
+_LIBRARY: list[object] = []  # the torch.library fragment must outlive the call, or its definitions go away
 
 
 def define_missing_ops() -> list[str]:

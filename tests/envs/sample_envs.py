@@ -46,8 +46,8 @@ class EvalEnv(GoodEnv):
 
     def step(self, action_text):
         try:
-            eval(action_text[:200])  # noqa: S307 - deliberately unsafe
-        except Exception:
+            eval(action_text[:200])  # deliberately unsafe: check_env must catch it
+        except Exception:  # noqa: BLE001 — whatever the text does, the env goes on
             pass
         return super().step(action_text)
 

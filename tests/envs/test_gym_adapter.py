@@ -110,6 +110,8 @@ def test_unregistered_gym_id_from_row_extras(lights_registered):
     env = make_env("gym/VlrlTestLights-v0", {"keywords": {"on": 1, "off": 0}, "max_turns": 2}, 0)
     env.init(None)
     assert env.step("<action>on</action>").reward == 1.0
+    # max_turns null in the row's extras means the default, as for a registered id (was int(None))
+    assert make_env("gym/VlrlTestLights-v0", {"keywords": {"on": 1}, "max_turns": None}, 0).max_turns == 30
     with pytest.raises(EnvError, match="keywords"):
         make_env("gym/VlrlTestLights-v0", {}, 0)
     with pytest.raises(EnvError, match="outside the action space"):

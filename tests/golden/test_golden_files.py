@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_golden(tiny, vlrl_golden, arch, scenario):
     bundle = tiny(arch)
-    vlrl_golden.check(f"{arch}/{scenario}.golden", render_scenario(arch, scenario, bundle.renderer, bundle.engine))
+    vlrl_golden.check(
+        f"{arch}/{scenario}.golden", render_scenario(arch, scenario, bundle.renderer, bundle.engine.max_context)
+    )
 
 
 def test_regen_command_reproduces_the_files_byte_for_byte(tmp_path, vlrl_model_dir):

@@ -16,7 +16,7 @@ pytest.importorskip("httpx")
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):  # the name BaseHTTPRequestHandler dispatches to
         self.rfile.read(int(self.headers.get("content-length", 0)))
         kind = self.path.strip("/")
         if kind == "slow":

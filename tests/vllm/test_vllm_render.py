@@ -25,7 +25,7 @@ def golden_conversations(tiny, arch):
 
     bundle = tiny(arch)
     for name, sc in sorted(SCENARIOS.items()):
-        msgs = list(play(sc, bundle.renderer, bundle.engine).messages)
+        msgs = list(play(sc, bundle.renderer, bundle.engine.max_context).messages)
         cuts = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
         for k, i in enumerate(cuts):
             yield f"{name}/turn{k}", msgs[:i], True

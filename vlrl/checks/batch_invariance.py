@@ -23,17 +23,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from vlrl.checks.bounds import bounds_for
-from vlrl.engines.types import Generation, SamplingParams
+from vlrl.engines.types import Engine, Generation, SamplingParams
 
 if TYPE_CHECKING:
     from vlrl.render.types import RenderedPrompt
-
-
-class BatchGenerator(Protocol):
-    def generate(self, prompts: Sequence[RenderedPrompt], params: Sequence[SamplingParams]) -> list[Generation]: ...
 
 
 class BatchVarianceError(AssertionError):
@@ -98,7 +94,7 @@ class BatchInvarianceReport:
 
 
 def check_batch_invariance(
-    engine: BatchGenerator,
+    engine: Engine,
     prompts: Sequence[RenderedPrompt],
     *,
     arrangements: Sequence[Sequence[int]] | None = None,
@@ -120,10 +116,11 @@ def check_batch_invariance(
         )
         for i in range(len(prompts))
     ]
-    arrangements = [list(a) for a in (arrangements or [range(len(prompts)), reversed(range(len(prompts)))])]
+    n = len(prompts)
+    orders = [list(a) for a in arrangements] if arrangements else [list(range(n)), list(reversed(range(n)))]
     alone = [engine.generate([p], [sp])[0] for p, sp in zip(prompts, params)]
     diffs: list[Difference] = []
-    for arr in arrangements:
+    for arr in orders:
         batched = engine.generate([prompts[i] for i in arr], [params[i] for i in arr])
         width = max(len(prompts[i]) for i in arr)
         for i, gen in zip(arr, batched):
@@ -133,7 +130,7 @@ def check_batch_invariance(
     first = [d.delta for d in diffs if d.position == 0]
     return BatchInvarianceReport(
         n_prompts=len(prompts),
-        n_batches=len(arrangements),
+        n_batches=len(orders),
         n_positions=len(diffs),
         max_abs=max(deltas, default=0.0),
         mean_abs=sum(finite) / len(finite) if finite else math.inf,

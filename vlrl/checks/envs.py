@@ -112,7 +112,7 @@ class _Checker:
         """Make and init an env; returns it (None on failure) and the canonical init messages."""
         try:
             env = self.factory(seed)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 — any failure of the env is a finding, not a crash
             self.fail("construct", f"factory({seed}) raised {type(exc).__name__}: {exc}")
             return None, []
         max_turns = getattr(env, "max_turns", None)
@@ -121,7 +121,7 @@ class _Checker:
             return None, []
         try:
             out = env.init([dict(m) for m in self.prompt])
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 — any failure of the env is a finding, not a crash
             self.fail("init", f"init raised {type(exc).__name__}: {exc}")
             return None, []
         if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], list) and isinstance(out[1], dict)):
@@ -163,7 +163,7 @@ class _Checker:
         t0 = time.perf_counter()
         try:
             result = env.step(text)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 — any failure of the env is a finding, not a crash
             self.fail(
                 "hostile" if where.startswith("hostile") else "step",
                 f"{where}: step({_short(text)}) raised {type(exc).__name__}: {_short(str(exc), 200)}",
@@ -197,7 +197,7 @@ class _Checker:
             env.step("<action>stop</action>")
         except EpisodeDoneError:
             return
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 — any failure of the env is a finding, not a crash
             self.fail(
                 "step_after_done",
                 f"{where}: step after done raised {type(exc).__name__} instead of EpisodeDoneError: {_short(str(exc))}",
@@ -209,7 +209,7 @@ class _Checker:
         try:
             env.close()
             env.close()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 — any failure of the env is a finding, not a crash
             self.fail("close", f"{where}: close() twice raised {type(exc).__name__}: {exc}")
 
     # ---------------------------------------------------------------- phases
@@ -280,7 +280,7 @@ def check_env(
 
     if isinstance(factory, str):
         name, factory = name or factory, env_factory(factory)
-    name = name or getattr(factory, "__name__", repr(factory))
+    name = name or str(getattr(factory, "__name__", repr(factory)))
     t0 = time.perf_counter()
     checker = _Checker(
         factory,

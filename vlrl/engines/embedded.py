@@ -14,14 +14,15 @@ import asyncio
 import os
 import queue
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from vlrl.engines.sampling import contract_logprobs, effective_temperature, fp32_logits, sample_tokens, top_logprobs
-from vlrl.engines.types import Generation, SamplingParams
+from vlrl.engines.types import Engine, FinishReason, Generation, NamedTensors, SamplingParams
 from vlrl.errors import ContextOverflowError
 from vlrl.models.positions import mrope_positions
 from vlrl.models.tokenizer import VISION_TOKENS
@@ -150,7 +151,7 @@ class EmbeddedEngine:
                     self._decode(batch)
                 for r in batch:
                     r.future.set_result(r.finish)
-            except BaseException as exc:  # the batch's callers get the error; the worker keeps serving
+            except BaseException as exc:  # noqa: BLE001 — the batch's callers get the error; the worker keeps serving
                 for r in batch:
                     if not r.future.done():
                         r.future.set_exception(exc)
@@ -211,11 +212,9 @@ class EmbeddedEngine:
             n = len(r.prompt.token_ids)
             ids[b, width - n :] = torch.tensor(r.prompt.token_ids, dtype=torch.long)
             mask[b, width - n :] = 1
-        with_images = [r.prompt for r in requests if r.prompt.n_images]
-        pixels = (
-            torch.cat([p.pixel_values for p in with_images]).to(self.device, self.model.dtype) if with_images else None
-        )
-        grid = torch.cat([p.image_grid_thw for p in with_images]).to(self.device) if with_images else None
+        vision = [r.prompt.vision() for r in requests if r.prompt.n_images]
+        pixels = torch.cat([v[0] for v in vision]).to(self.device, self.model.dtype) if vision else None
+        grid = torch.cat([v[1] for v in vision]).to(self.device) if vision else None
         return {
             "input_ids": ids.to(self.device),
             "attention_mask": mask.to(self.device),
@@ -250,7 +249,7 @@ class EmbeddedEngine:
             r.logprobs.pop()
             r.top.pop()
 
-    def _finish(self, r: _Request, reason: str, stop_reason) -> bool:
+    def _finish(self, r: _Request, reason: FinishReason, stop_reason: str | int | None) -> bool:
         r.finish = Generation(
             token_ids=tuple(r.ids),
             logprobs=tuple(r.logprobs),
@@ -266,14 +265,12 @@ class EmbeddedEngine:
     # ------------------------------------------------------------------ weights
 
     @torch.no_grad()
-    def update_weights(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]] | dict, version: int | None = None
-    ) -> int:
+    def update_weights(self, named_tensors: NamedTensors, version: int | None = None) -> int:
         """Copy new weights into the model in place (between batches); returns the new weight version.
 
         Names are the model's ``named_parameters()`` names; every name must exist with the same shape.
         """
-        items = named_tensors.items() if isinstance(named_tensors, dict) else named_tensors
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         with self._lock:
             params = dict(self.model.named_parameters())
             for name, tensor in items:
@@ -304,3 +301,7 @@ def _generator(params: SamplingParams, device) -> torch.Generator | None:
     else:
         gen.seed()
     return gen
+
+
+if TYPE_CHECKING:  # mypy proves here that the class implements the contract
+    _engine: type[Engine] = EmbeddedEngine

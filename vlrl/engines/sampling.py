@@ -24,7 +24,7 @@ def fp32_logits(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     random-init 2b (near-zero logits) no change (mean 0.0158 both ways). The engine and the trainer both
     call this; a no-op cast for fp32 models.
     """
-    weight = lm_head.weight
+    weight = lm_head.get_parameter("weight")
     bias = getattr(lm_head, "bias", None)
     return torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
 
@@ -45,8 +45,8 @@ def top_logprobs(contract: torch.Tensor, ks: Sequence[int]) -> list[tuple[tuple[
     k = max(ks, default=0)
     if k == 0:
         return [() for _ in ks]
-    vals, ids = torch.topk(contract, min(k, contract.shape[-1]), dim=-1)
-    vals, ids = vals.tolist(), ids.tolist()
+    top = torch.topk(contract, min(k, contract.shape[-1]), dim=-1)
+    vals, ids = top.values.tolist(), top.indices.tolist()
     return [tuple(zip(ids[b][:kb], vals[b][:kb])) for b, kb in enumerate(ks)]
 
 

@@ -11,14 +11,19 @@ trainer needs only the logits, ``T`` and the vision ids.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias
 
 if TYPE_CHECKING:
+    import torch
+
     from vlrl.render.types import RenderedPrompt
 
 FinishReason = Literal["stop", "length"]
+
+NamedTensors: TypeAlias = "Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]"
+"""Weights for ``Engine.update_weights``: the model's ``named_parameters()`` names and tensors."""
 
 
 @dataclass(frozen=True)
@@ -85,14 +90,31 @@ class Generation:
 
 
 class Engine(Protocol):
-    """An inference engine. Implementations: ``EmbeddedEngine`` (in-process transformers)."""
+    """An inference engine: what the rollout generator and the trainer's loop use.
+
+    Implementations: :class:`vlrl.engines.embedded.EmbeddedEngine` (in-process transformers) and
+    :class:`vlrl.vllm.engine.VllmEngine` (vLLM servers over HTTP); each may take extra keyword
+    arguments (``route_key``, ``reference_model``) that callers of the Protocol never need.
+    """
 
     max_context: int
+    """Longest prompt + completion, in tokens."""
+
+    @property
+    def weight_version(self) -> int:
+        """The version of the weights generations are sampled with (``Generation.weight_version``)."""
+        ...
 
     def generate(
-        self, prompts: Sequence[RenderedPrompt], params: SamplingParams | Sequence[SamplingParams]
-    ) -> list[Generation]: ...
+        self, prompts: Sequence[RenderedPrompt], params: SamplingParams | Sequence[SamplingParams] = ...
+    ) -> list[Generation]:
+        """One generation per prompt, in prompt order; one ``params`` for all or one per prompt."""
+        ...
 
-    async def agenerate(self, prompt: RenderedPrompt, params: SamplingParams) -> Generation: ...
+    async def agenerate(self, prompt: RenderedPrompt, params: SamplingParams = ...) -> Generation:
+        """One request from an event loop (the engine batches concurrent requests)."""
+        ...
 
-    def update_weights(self, named_tensors, version: int | None = None) -> int: ...
+    def update_weights(self, named_tensors: NamedTensors, version: int | None = None) -> int:
+        """Load new weights (every name must exist, same shapes); returns the new weight version."""
+        ...

@@ -76,8 +76,9 @@ class Env(Protocol):
 
     max_turns: int
 
-    def init(self, prompt: list[Message]) -> tuple[list[Message], dict[str, Any]]:
-        """Start an episode. ``prompt`` is the dataset row's prompt (a placeholder for env tickets).
+    def init(self, prompt: list[Message] | None) -> tuple[list[Message], dict[str, Any]]:
+        """Start an episode. ``prompt`` is the dataset row's prompt (a placeholder for env tickets, None
+        for a row without one).
 
         Returns the conversation to show the policy first and a JSON-friendly info dict.
         """

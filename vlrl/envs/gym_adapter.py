@@ -180,14 +180,8 @@ def make_gym_env_from_extras(gym_id: str, extras: Mapping[str, Any], seed: int |
     prompt = extras.get("prompt", f"You control the {gym_id} environment shown in the image.")
     if not isinstance(prompt, str):
         raise EnvError(f"{name}: extras['prompt'] must be a string, got {type(prompt).__name__}")
-    config = GymEnvConfig(
-        gym_id,
-        dict(keywords),
-        prompt,
-        _max_turns(name, extras.get("max_turns", 30)),
-        _make_kwargs(name, extras.get("make_kwargs", {})),
-    )
-    return make_gym_env(config, seed)
+    config = GymEnvConfig(gym_id, dict(keywords), prompt, make_kwargs=_make_kwargs(name, extras.get("make_kwargs", {})))
+    return make_gym_env(config, seed, _max_turns(name, extras.get("max_turns")))  # None: the config's default
 
 
 def _check_gym_id(gym_id: str) -> None:

@@ -53,16 +53,9 @@ def generate(archs, scenarios, model_cache=None):
     for arch in archs:
         path = cached_model_dir(arch, "tiny", cache_root=model_cache)
         renderer = EmbeddedRenderer.from_pretrained(path)
-        context = _Context(_max_context(path))
+        context = _max_context(path)  # scripted scenarios need the model's context size, not its weights
         for name in scenarios:
             yield arch, name, render_scenario(arch, name, renderer, context)
-
-
-class _Context:
-    """Scripted scenarios need only the engine's context size, not its weights."""
-
-    def __init__(self, max_context: int):
-        self.max_context = max_context
 
 
 def _max_context(path) -> int:

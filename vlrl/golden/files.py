@@ -11,9 +11,12 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vlrl.errors import VlrlError
 from vlrl.golden.scenarios import SCENARIOS, Scenario, register_scenario_envs
+from vlrl.render.types import Renderer
+from vlrl.rollout.types import Trajectory
 
 HEADER_END = "---"
 
@@ -22,15 +25,19 @@ def golden_path(root: str | Path, arch: str, scenario: str) -> Path:
     return Path(root) / arch / f"{scenario}.golden"
 
 
-def play(scenario: Scenario, renderer, engine, tokenizer=None):
-    """The scenario's scripted episode through ``renderer`` (any engine supplies only its context size)."""
+def play(scenario: Scenario, renderer: Renderer, max_context: int, tokenizer: Any = None) -> Trajectory:
+    """The scenario's scripted episode through ``renderer`` (no engine: the script is the policy), in a
+    context of ``max_context`` tokens (the model's; a scenario may set a smaller one)."""
     from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
 
     register_scenario_envs()
     cfg = RolloutConfig(
-        sampling=scenario.sampling, max_turns=scenario.max_turns, max_context=scenario.max_context, progress=False
+        sampling=scenario.sampling,
+        max_turns=scenario.max_turns,
+        max_context=scenario.max_context or max_context,
+        progress=False,
     )
-    gen = RolloutGenerator(renderer, engine, cfg, tokenizer=tokenizer)
+    gen = RolloutGenerator(renderer, None, cfg, tokenizer=tokenizer)
     (traj,) = gen.run([scenario.row], script=lambda env, row: scenario.script)
     return traj
 
@@ -158,7 +165,8 @@ def golden_diff(expected: str, actual: str, context: int = 4, path: str | Path |
     return "\n".join(out) if out else "no token or mask difference (whitespace or formatting only)"
 
 
-def render_scenario(arch: str, scenario: str, renderer, engine, tokenizer=None) -> str:
+def render_scenario(arch: str, scenario: str, renderer: Renderer, max_context: int, tokenizer: Any = None) -> str:
+    """The golden text of ``scenario`` played through ``renderer`` (see :func:`play`)."""
     sc = SCENARIOS[scenario]
     tok = tokenizer if tokenizer is not None else renderer.tokenizer
-    return format_golden(play(sc, renderer, engine, tokenizer=tok), tok, arch, sc)
+    return format_golden(play(sc, renderer, max_context, tokenizer=tok), tok, arch, sc)

@@ -7,6 +7,7 @@ how to spell them in its transformers config and which image-processor settings 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
@@ -112,7 +113,7 @@ def config_dict(arch: str, size: Size, vocab_size: int, token_ids: dict[str, int
     rope = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": _mrope_section(arch, size.head_dim)}
     if arch == "qwen3_vl":
         rope["mrope_interleaved"] = True
-    text = dict(
+    text: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=size.hidden,
         intermediate_size=size.intermediate,
@@ -127,7 +128,7 @@ def config_dict(arch: str, size: Size, vocab_size: int, token_ids: dict[str, int
         eos_token_id=token_ids["<|im_end|>"],
         pad_token_id=token_ids["<|endoftext|>"],
     )
-    vision = dict(
+    vision: dict[str, Any] = dict(
         depth=size.vision_depth,
         num_heads=size.vision_heads,
         in_channels=3,

@@ -40,4 +40,5 @@ def load_model(path: str | os.PathLike, dtype=None, device: str = "cpu", attenti
     model = AutoModelForImageTextToText.from_pretrained(
         str(path), dtype=dtype or torch.float32, attn_implementation=attention
     )
-    return model.to(device).eval()
+    # transformers' decorator on PreTrainedModel.to types it as taking the model as first argument
+    return model.to(device).eval()  # type: ignore[arg-type]

@@ -67,7 +67,11 @@ def apply_lora(
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
-        r=rank, lora_alpha=alpha, lora_dropout=0.0, bias="none", target_modules=target_modules(model, targets, vision)
+        r=rank,
+        lora_alpha=alpha,  # type: ignore[arg-type]  # peft annotates int, but only ever computes alpha / r
+        lora_dropout=0.0,
+        bias="none",
+        target_modules=target_modules(model, targets, vision),
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

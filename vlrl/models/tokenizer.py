@@ -110,12 +110,14 @@ def build_tokenizer(arch: str, chat_template: str):
 
     vocab, merges = _vocab_and_merges()
     # Special tokens must be added in id order before eos/pad are named, or they take the first free ids.
+    # transformers annotates merges as list[str] and the special tokens as str; at runtime it takes the
+    # (left, right) pairs its own TikTokenConverter returns, and None for "no such token yet".
     tok = Qwen2Tokenizer(
         vocab=dict(vocab),
-        merges=list(merges),
-        unk_token=None,
-        eos_token=None,
-        pad_token=None,
+        merges=list(merges),  # type: ignore[arg-type]
+        unk_token=None,  # type: ignore[arg-type]
+        eos_token=None,  # type: ignore[arg-type]
+        pad_token=None,  # type: ignore[arg-type]
         errors="replace",
         clean_up_tokenization_spaces=False,
     )

@@ -19,12 +19,12 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vlrl.errors import BadInputError
 from vlrl.image_decode import ImageLimits
 from vlrl.messages import RESERVED_IN_TEXT, prepare_messages
-from vlrl.render.types import PlaceholderRange, RenderedPrompt
+from vlrl.render.types import PlaceholderRange, RenderedPrompt, Renderer
 
 __all__ = ["EmbeddedRenderer", "RESERVED_IN_TEXT"]
 
@@ -140,3 +140,7 @@ def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             msg = {**msg, "content": [{"type": "image"} if p["type"] == "image_url" else p for p in content]}
         out.append(msg)
     return out
+
+
+if TYPE_CHECKING:  # mypy proves here that the class implements the contract
+    _renderer: type[Renderer] = EmbeddedRenderer

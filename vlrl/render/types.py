@@ -47,12 +47,25 @@ class RenderedPrompt:
     def n_images(self) -> int:
         return len(self.placeholders)
 
+    def vision(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(pixel_values, image_grid_thw)`` of a prompt with images; ValueError for a text-only one."""
+        if self.pixel_values is None or self.image_grid_thw is None:
+            raise ValueError("a text-only prompt has no vision tensors")
+        return self.pixel_values, self.image_grid_thw
+
     def __len__(self) -> int:
         return len(self.token_ids)
 
 
 class Renderer(Protocol):
-    """Turns an OpenAI-format conversation into a :class:`RenderedPrompt` (the only place that does)."""
+    """Turns an OpenAI-format conversation into a :class:`RenderedPrompt` (the only place that does).
+
+    Implementations: :class:`vlrl.render.embedded.EmbeddedRenderer` (the HF processor in-process) and
+    :class:`vlrl.vllm.renderer.VllmRenderer` (a vLLM server's render route).
+    """
+
+    tokenizer: Any
+    """The HF tokenizer of the model (token ids are always the renderer's; the tokenizer decodes them)."""
 
     def render(
         self,

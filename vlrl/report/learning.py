@@ -167,10 +167,10 @@ def learning_notes(run: RunFiles) -> list[str]:
             f"over {len(rl)} RL steps: mean |A| {abs_mean:.3g}; {zero:.0%} of groups had zero advantage "
             "(no gradient from them)"
         )
-    norms = {m: _median(rl, f"grad_norm/{m}") for m in MODULES}
-    norms = {m: v for m, v in norms.items() if v is not None}
+    medians = {m: _median(rl, f"grad_norm/{m}") for m in MODULES}
+    norms = {m: v for m, v in medians.items() if v is not None}
     if len(norms) > 1 and max(norms.values()) > 0:
-        top = max(norms, key=norms.get)
+        top = max(norms, key=lambda m: norms[m])
         parts = ", ".join(
             f"{_LABELS[m]} {v:.2g}" + ("" if m == top else f" ({v / norms[top]:.1%} of it)")
             for m, v in sorted(norms.items(), key=lambda kv: -kv[1])

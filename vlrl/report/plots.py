@@ -105,7 +105,7 @@ def drift_curve(run: RunFiles) -> bytes | None:
     ax.plot(max_xy[0], _floor(max_xy[1]), "-", label="max |Δ|")
     if mean_xy[0]:
         ax.plot(mean_xy[0], _floor(mean_xy[1]), "-", label="mean |Δ|")
-    breached = [(r["step"], r.get("max_abs")) for r in rows if r.get("breached") and _num(r.get("max_abs"))]
+    breached = [(r["step"], float(r["max_abs"])) for r in rows if r.get("breached") and _num(r.get("max_abs"))]
     if breached:
         ax.scatter(
             [b[0] for b in breached], _floor([b[1] for b in breached]), color="red", zorder=3, label="bound breached"

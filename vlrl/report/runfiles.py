@@ -23,7 +23,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 _STEP_FILE = re.compile(r"step_(\d+)\.jsonl$")
 
@@ -125,5 +125,5 @@ def series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[floa
     return xs, ys
 
 
-def _is_number(x: Any) -> bool:
+def _is_number(x: Any) -> TypeGuard[int | float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool)

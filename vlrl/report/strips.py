@@ -36,7 +36,8 @@ class Cell:
 def strip_cells(record: dict[str, Any], thumb: int = THUMB) -> list[Cell]:
     """The cells of one trajectory record: one per turn, plus a last one for a final observation."""
     turns = [t for t in record.get("turns") or [] if isinstance(t, dict)]
-    cells, current = [], Cell(label="turn 0")
+    cells: list[Cell] = []
+    current = Cell(label="turn 0")
     for message in record.get("messages") or []:
         if not isinstance(message, dict):
             continue
@@ -122,7 +123,7 @@ def thumbnail_uri(url: str, size: int = THUMB) -> str:
 
     try:
         raw = base64.b64decode(url.split(",", 1)[1], validate=False)
-        image = Image.open(io.BytesIO(raw))
+        image: Image.Image = Image.open(io.BytesIO(raw))
         image.load()
         image = image.convert("RGB")
         # NEAREST keeps maze cells crisp; these frames are drawn, not photographed.

@@ -160,7 +160,7 @@ def _where_table(rows: list[dict[str, Any]]) -> str:
         bins = [b for b in last.get(key) or [] if isinstance(b, dict)]
         if not bins:
             continue
-        worst: dict[str, float] = {}
+        worst: dict[Any, float] = {}  # keyed by the rows' own bin labels
         for r in rows:
             for b in r.get(key) or []:
                 if isinstance(b, dict) and _is_num(b.get("max_abs")):

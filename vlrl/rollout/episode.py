@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from vlrl.engines.types import Generation, SamplingParams
 from vlrl.errors import BadInputError, ContextOverflowError
-from vlrl.render.types import PlaceholderRange, RenderedPrompt
+from vlrl.render.types import PlaceholderRange, RenderedPrompt, Renderer
 from vlrl.rollout.splice import check_earlier_images, shift_placeholders, splice_turn
 from vlrl.rollout.types import StopReason, Trajectory, TurnSpan
 
@@ -120,7 +120,7 @@ class _Outcome:
 class EpisodeRunner:
     """Plays an env to the end with a policy (see the module docstring for what ends an episode)."""
 
-    def __init__(self, renderer, tokenizer):
+    def __init__(self, renderer: Renderer, tokenizer: Any):
         self.renderer = renderer
         self.tokenizer = tokenizer
         self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")

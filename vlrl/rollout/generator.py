@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vlrl.checks.trajectory import check_trajectory
-from vlrl.engines.types import SamplingParams
+from vlrl.engines.types import Engine, SamplingParams
+from vlrl.render.types import Renderer
 from vlrl.rollout.episode import EpisodeRunner, EpisodeSpec, Policy, failed_episode
 from vlrl.rollout.scripted import Scorer, ScriptedPolicy
 from vlrl.rollout.splice import refuse_history_rewrites
@@ -27,6 +28,8 @@ from vlrl.rollout.types import Trajectory
 Script = Callable[[Any, Mapping[str, Any]], Iterable[str]]
 """``(env after init, row) -> assistant texts`` (an iterable, read turn by turn, so an expert may
 look at the env as the episode goes): a scripted episode instead of sampling."""
+
+NO_ENGINE = "this RolloutGenerator has no engine: it plays scripted episodes only (run(rows, script=...))"
 
 
 @dataclass(frozen=True)
@@ -64,14 +67,30 @@ def turn_seed(base: int, group: int, repeat: int, turn: int) -> int:
 
 
 class RolloutGenerator:
-    """Turns dataset rows into trajectories through a renderer and an engine (or a script)."""
+    """Turns dataset rows into trajectories through a renderer and an engine (or a script).
 
-    def __init__(self, renderer, engine, config: RolloutConfig = RolloutConfig(), *, tokenizer=None):
+    ``engine`` may be None for scripted rollouts only (``run(rows, script=...)``); then
+    ``config.max_context`` must be set, since no engine supplies it.
+    """
+
+    def __init__(
+        self,
+        renderer: Renderer,
+        engine: Engine | None,
+        config: RolloutConfig = RolloutConfig(),
+        *,
+        tokenizer: Any = None,
+    ):
+        if config.max_context is not None:
+            self.max_context = config.max_context
+        elif engine is not None:
+            self.max_context = engine.max_context
+        else:
+            raise ValueError("RolloutGenerator without an engine needs config.max_context")
         self.renderer = renderer
         self.engine = engine
         self.config = config
         self.tokenizer = tokenizer if tokenizer is not None else renderer.tokenizer
-        self.max_context = config.max_context or engine.max_context
         self.image_pad_id = self.tokenizer.convert_tokens_to_ids("<|image_pad|>")
         self.merge_size = getattr(renderer, "merge_size", 2)
         if config.mode == "multi_turn":
@@ -87,6 +106,8 @@ class RolloutGenerator:
     async def arun(
         self, rows: Sequence[Any], *, script: Script | None = None, scorer: Scorer | None = None
     ) -> list[Trajectory]:
+        if script is None and self.engine is None:
+            raise ValueError(NO_ENGINE)
         jobs = [(g, r, _as_row(row)) for g, row in enumerate(rows) for r in range(self.config.repeats)]
         bar = _progress(len(jobs), self.config.progress)
         done: dict[tuple[int, int], list[Trajectory]] = {}
@@ -117,9 +138,13 @@ class RolloutGenerator:
                 messages = list(messages)
             except Exception as exc:  # noqa: BLE001 — an env bug loses this episode only
                 return [self._failed(group, repeat, row, f"env.init raised {type(exc).__name__}: {exc}")]
-            policy: Policy = self.engine
+            policy: Policy
             if script is not None:
                 policy = ScriptedPolicy(script(env, row), self.tokenizer, max_context=self.max_context, scorer=scorer)
+            elif self.engine is not None:
+                policy = self.engine
+            else:  # arun refuses this before any episode starts
+                raise ValueError(NO_ENGINE)
             trajectories = await self.runner.run(env, messages, policy, self._spec(group, repeat, env))
         finally:
             _close_quietly(env)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from vlrl.engines.types import Generation, SamplingParams
+from vlrl.engines.types import FinishReason, Generation, SamplingParams
 from vlrl.errors import VlrlError
 from vlrl.render.types import RenderedPrompt
 
@@ -46,7 +46,8 @@ class ScriptedPolicy:
     def generation(self, prompt: RenderedPrompt, params: SamplingParams, text: str) -> Generation:
         text, stop = _apply_stop(text, params)
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        finish, reason = "stop", stop
+        finish: FinishReason = "stop"
+        reason: str | int | None = stop
         if stop is None:
             ids.append(self.eos_id)
             reason = self.eos_id

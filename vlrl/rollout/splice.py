@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vlrl.errors import VlrlError
-from vlrl.render.types import PlaceholderRange, RenderedPrompt
+from vlrl.render.types import PlaceholderRange, RenderedPrompt, Renderer
 
 TURN_START = "<|im_start|>"
 TURN_END = "<|im_end|>"
@@ -91,13 +91,11 @@ def check_earlier_images(prev: RenderedPrompt, new: RenderedPrompt, turn: int, *
         raise PrefixError(
             f"turn {turn}: earlier image placeholders moved: {list(prev.placeholders)} vs {list(new.placeholders[:n])}"
         )
-    if not torch.equal(new.image_grid_thw[:n], prev.image_grid_thw):
-        raise PrefixError(
-            f"turn {turn}: earlier image grids changed: {prev.image_grid_thw.tolist()} vs "
-            f"{new.image_grid_thw[:n].tolist()}"
-        )
-    rows = int(prev.image_grid_thw.prod(-1).sum())
-    if not torch.equal(new.pixel_values[:rows], prev.pixel_values):
+    (new_pixels, new_grid), (prev_pixels, prev_grid) = new.vision(), prev.vision()
+    if not torch.equal(new_grid[:n], prev_grid):
+        raise PrefixError(f"turn {turn}: earlier image grids changed: {prev_grid.tolist()} vs {new_grid[:n].tolist()}")
+    rows = int(prev_grid.prod(-1).sum())
+    if not torch.equal(new_pixels[:rows], prev_pixels):
         raise PrefixError(f"turn {turn}: the pixel values of earlier images changed in the re-render")
 
 
@@ -137,7 +135,7 @@ def shift_placeholders(ranges: Sequence[PlaceholderRange], delta: int) -> tuple[
 PROBE_TEXT = "<think>\nprobe\n</think>\n\nanswer"
 
 
-def refuse_history_rewrites(renderer: Any, tokenizer) -> None:
+def refuse_history_rewrites(renderer: Renderer, tokenizer: Any) -> None:
     """Raise :class:`HistoryRewriteError` if the renderer's template rewrites earlier assistant turns.
 
     Renders a two-turn text probe whose assistant reply carries a ``<think>`` block — what thinking

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterable
+from collections.abc import Mapping
 from pathlib import Path
 
+from vlrl.engines.types import NamedTensors
 from vlrl.vllm.server import VllmServerError
 
 
@@ -49,7 +50,7 @@ class CheckpointWriter:
                 self._tensors.update({canonical_name(k): v for k, v in load_file(str(f)).items()})
         return self._tensors
 
-    def merge(self, named_tensors: Iterable | dict) -> list[str]:
+    def merge(self, named_tensors: NamedTensors) -> list[str]:
         """Merge new tensors; returns the (canonical) names that differ from the current ones.
 
         Checks everything first, then commits: a refused update leaves the current weights as they were.
@@ -57,7 +58,7 @@ class CheckpointWriter:
         import torch
 
         current = self._load()
-        items = named_tensors.items() if isinstance(named_tensors, dict) else named_tensors
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         staged: dict = {}
         for name, tensor in items:
             key = canonical_name(name)

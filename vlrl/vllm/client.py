@@ -168,7 +168,7 @@ class VllmClient:
             try:
                 return url, await self.post(url, path, body, what=what), failed
             except VllmServerError as exc:
-                if not getattr(exc, "unreachable", False) or len(self.urls) == 1:
+                if not exc.unreachable or len(self.urls) == 1:
                     raise
                 self.mark_dead(url)
                 failed.append(url)

@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vlrl.engines.types import Generation, SamplingParams
+from vlrl.engines.types import Engine, Generation, NamedTensors, SamplingParams
 from vlrl.errors import ContextOverflowError
 from vlrl.models.tokenizer import VISION_TOKENS
 from vlrl.render.types import RenderedPrompt
@@ -233,7 +233,7 @@ class VllmEngine:
     def last_probe_delta(self) -> float | None:
         return self.weights.last_probe_delta
 
-    def update_weights(self, named_tensors, version: int | None = None, *, reference_model=None) -> int:
+    def update_weights(self, named_tensors: NamedTensors, version: int | None = None, *, reference_model=None) -> int:
         """Reload every live server with the trainer's tensors (partial updates merge); returns the version."""
         return self.weights.update(named_tensors, version, reference_model=reference_model)
 
@@ -258,3 +258,7 @@ class VllmEngine:
 
     def close(self) -> None:
         self.client.close()
+
+
+if TYPE_CHECKING:  # mypy proves here that the class implements the contract
+    _engine: type[Engine] = VllmEngine

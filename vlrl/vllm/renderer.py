@@ -27,12 +27,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vlrl.errors import BadInputError
 from vlrl.image_decode import ImageLimits
 from vlrl.messages import PreparedMessages, prepare_messages
-from vlrl.render.types import PlaceholderRange, RenderedPrompt
+from vlrl.render.types import PlaceholderRange, RenderedPrompt, Renderer
 from vlrl.vllm.client import RENDER, VllmClient, require
 from vlrl.vllm.server import VllmServerError
 
@@ -143,7 +143,8 @@ class VllmRenderer:
         return out
 
     def _text(self, ids: tuple[int, ...], placeholders: tuple[PlaceholderRange, ...]) -> str:
-        folded, prev = [], 0
+        folded: list[int] = []
+        prev = 0
         for p in placeholders:  # one pad per image, as the chat template writes it
             folded += ids[prev : p.offset + 1]
             prev = p.offset + p.length
@@ -159,14 +160,16 @@ def decode_pixels(items: Sequence[str]):
     pixels, grids = [], []
     for item in items:
         data = decode_mm_kwargs_item(item).get_data()
-        pv = data["pixel_values"]
+        pv, grid = data["pixel_values"], data["image_grid_thw"]
+        if not isinstance(pv, torch.Tensor) or not isinstance(grid, torch.Tensor):
+            raise _garbage(f"render returned {type(pv).__name__} pixel_values, {type(grid).__name__} grid")
         if pv.dtype != torch.float32:
             raise _garbage(
                 "render returned non-float pixel_values (dtype "
                 f"{pv.dtype}): start the server with --no-mm-device-do-normalize"
             )
         pixels.append(pv.clone())
-        grids.append(data["image_grid_thw"].reshape(-1, 3).to(torch.int64))
+        grids.append(grid.reshape(-1, 3).to(torch.int64))
     return torch.cat(pixels), torch.cat(grids)
 
 
@@ -200,3 +203,7 @@ def generate_features(prompt: RenderedPrompt, image_token_id: int) -> dict | Non
         "kwargs_data": {"image": [f.kwargs_data for f in feats]},
         "mm_metadata": {"image": [f.metadata for f in feats]},
     }
+
+
+if TYPE_CHECKING:  # mypy proves here that the class implements the contract
+    _renderer: type[Renderer] = VllmRenderer

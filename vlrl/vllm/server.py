@@ -55,6 +55,10 @@ API_KEY_ENV = "VLLM_API_KEY"
 class VllmServerError(VlrlError, RuntimeError):
     """The vLLM server could not be started, died, or answered wrongly."""
 
+    unreachable: bool = False
+    """Set by the client when the server could not be reached at all (connection refused or lost):
+    another server may take an idempotent request."""
+
 
 def vllm_python() -> str:
     """The interpreter that has vLLM: ``$VLRL_VLLM_PYTHON`` or this one."""
@@ -260,11 +264,14 @@ class VllmServer:
         return self
 
     def _wait_healthy(self, deadline: float) -> None:
+        proc = self.proc
+        if proc is None:
+            raise VllmServerError("wait_ready() before launch(): no server process to wait for")
         while True:
-            if self.proc.poll() is not None:
+            if proc.poll() is not None:
                 raise VllmServerError(
                     f"vLLM server for {self.config.model_dir} exited with code "
-                    f"{self.proc.returncode} while starting; log {self.log_path}:\n{self.log_tail()}"
+                    f"{proc.returncode} while starting; log {self.log_path}:\n{self.log_tail()}"
                 )
             if self.healthy(timeout=2.0):
                 return
@@ -323,5 +330,5 @@ class VllmServer:
     def __del__(self):  # last resort: never leave an orphaned server behind
         try:
             self.stop(timeout_s=2.0)
-        except Exception:
+        except Exception:  # noqa: BLE001 — __del__ must not raise (interpreter shutdown)
             pass

@@ -34,7 +34,9 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
+from typing import Any
 
+from vlrl.engines.types import NamedTensors
 from vlrl.render.types import RenderedPrompt
 from vlrl.vllm.checkpoint import CheckpointWriter, verify_checksums
 from vlrl.vllm.client import GENERATE, VllmClient
@@ -62,7 +64,7 @@ class WeightSync:
 
     # ------------------------------------------------------------------ sync
 
-    def update(self, named_tensors, version: int | None = None, *, reference_model=None) -> int:
+    def update(self, named_tensors: NamedTensors, version: int | None = None, *, reference_model=None) -> int:
         """Write the new weights once, reload them on every live server, verify; returns the new version."""
         if self.model_dir is None:
             raise VllmServerError("update_weights needs the served checkpoint dir (VllmEngine(model_dir=...))")
@@ -109,7 +111,7 @@ class WeightSync:
             await post(url, "/update_weight_version", {"new_version": str(version)}, what=f"{what} (version)")
         finally:
             await post(url, "/resume", {}, what=f"{what} (resume)")
-        if before is not None:
+        if before is not None and n_changed is not None:
             verify_checksums(url, before, await self._checksums(url), n_changed)
 
     async def _reset_caches(self, url: str, what: str) -> None:
@@ -135,15 +137,14 @@ class WeightSync:
 
     async def _aprobe(self, prompt: Sequence[int] | RenderedPrompt, url: str) -> list[float]:
         """Prompt logprobs (raw, T = 1) of ``prompt``'s tokens 1.. from one server."""
-        rendered = isinstance(prompt, RenderedPrompt)
-        ids = list(prompt.token_ids) if rendered else list(prompt)
-        body = {
+        ids = list(prompt.token_ids) if isinstance(prompt, RenderedPrompt) else list(prompt)
+        body: dict[str, Any] = {
             "model": self.model,
             "token_ids": ids,
             "output_mode": "tokens",
             "sampling_params": {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0, "detokenize": False},
         }
-        if rendered and prompt.n_images:
+        if isinstance(prompt, RenderedPrompt) and prompt.n_images:
             body["features"] = generate_features(prompt, self._image_token_id)
         data = await self.client.post(url, GENERATE, body, what="logprob probe")
         entries = data.get("prompt_logprobs")
@@ -224,15 +225,15 @@ def reference_logprobs(model, prompt: Sequence[int] | RenderedPrompt) -> list[fl
 
     from vlrl.models.positions import mm_token_type_ids
 
-    rendered = isinstance(prompt, RenderedPrompt)
-    token_ids = list(prompt.token_ids) if rendered else list(prompt)
+    token_ids = list(prompt.token_ids) if isinstance(prompt, RenderedPrompt) else list(prompt)
     with torch.no_grad():
         ids = torch.tensor([token_ids])
         kw = {}
-        if rendered and prompt.n_images:
+        if isinstance(prompt, RenderedPrompt) and prompt.n_images:
+            pixels, grid = prompt.vision()
             kw = {
-                "pixel_values": prompt.pixel_values,
-                "image_grid_thw": prompt.image_grid_thw,
+                "pixel_values": pixels,
+                "image_grid_thw": grid,
                 "mm_token_type_ids": mm_token_type_ids(ids, model.config.image_token_id, model.config.video_token_id),
             }
         logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **kw).logits[0].float()

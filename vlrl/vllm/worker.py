@@ -20,6 +20,8 @@ current weight), and checks every such layer's packed matmul against its weight.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 HEAD_CHECK_TOL = 1e-4
 
 
@@ -46,8 +48,9 @@ def packed_head_error(model) -> dict[str, float]:
     for name, module in model.named_modules():
         method = getattr(module, "quant_method", None)
         w = getattr(module, "weight", None)
-        packed = isinstance(method, UnquantizedEmbeddingMethod) and hasattr(module, "cpu_linear")
-        if not packed or w is None or w.ndim != 2:
+        if not isinstance(method, UnquantizedEmbeddingMethod) or not hasattr(module, "cpu_linear"):
+            continue  # not a packed matmul
+        if w is None or w.ndim != 2:
             continue
         with torch.no_grad():
             x = torch.randn(4, w.shape[1], generator=gen).to(w.dtype)
@@ -59,6 +62,11 @@ def packed_head_error(model) -> dict[str, float]:
 
 class VlrlWorkerExtension:
     """Mixed into vLLM's worker class; methods reachable as ``collective_rpc`` ``method`` names."""
+
+    if TYPE_CHECKING:  # provided by the vLLM worker class this is mixed into
+        model_runner: Any
+
+        def reload_weights(self, *, weights_path: str, is_checkpoint_format: bool) -> None: ...
 
     def vlrl_reload_weights(self, weights_path: str) -> dict:
         """``reload_weights`` from a checkpoint dir, then refresh and check the packed embedding/LM-head matmuls."""

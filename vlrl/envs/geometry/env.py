@@ -118,7 +118,7 @@ class GeometryEnv:
         if self._closed:
             raise EpisodeDoneError("geometry: init() after close()")
         self.turn, self._started, self._done = 0, True, False
-        if not is_placeholder(prompt) and self.ground_truth is not None:
+        if prompt is not None and not is_placeholder(prompt) and self.ground_truth is not None:
             validate_messages(prompt)
             return [dict(m) for m in prompt], {"seed": self.seed, "ground_truth": self.ground_truth}
         problem = make_problem(np.random.default_rng(self.seed))
@@ -130,7 +130,7 @@ class GeometryEnv:
         return [message], {"seed": self.seed, "kind": problem.kind, "ground_truth": problem.answer}
 
     def step(self, action_text: str) -> StepResult:
-        self._check_can_step()
+        truth = self._check_can_step()
         self.turn += 1
         text = clip_action(action_text)
         last = self.turn >= self.max_turns
@@ -138,11 +138,11 @@ class GeometryEnv:
         meta: dict[str, Any] = {"turn": self.turn, "tool_call": has_call, "answer": answer}
         if not has_call:
             answer = extract_answer(text)
-            correct = grade(answer, self.ground_truth)
+            correct = grade(answer, truth)
             return self._end(1.0 if correct else 0.0, {**meta, "answer": answer, "acc": float(correct)})
         if answer is None:
             return self._end(0.0, {**meta, "acc": 0.0}) if last else self._feedback(BAD_TOOL, meta)
-        if grade(answer, self.ground_truth):
+        if grade(answer, truth):
             return self._end(1.0, {**meta, "acc": 1.0})
         if last:
             return self._end(0.0, {**meta, "acc": 0.0})
@@ -159,13 +159,15 @@ class GeometryEnv:
     def _feedback(self, text: str, meta: dict[str, Any]) -> StepResult:
         return StepResult([{"role": "user", "content": [text_part(text)]}], 0.0, False, {**meta, "feedback": text})
 
-    def _check_can_step(self) -> None:
+    def _check_can_step(self) -> str:
+        """Refuse a step the episode cannot take; returns the ground truth that init() set."""
         if self._closed:
             raise EpisodeDoneError("geometry: step() after close()")
-        if not self._started:
+        if not self._started or self.ground_truth is None:
             raise EnvError("geometry: step() before init()")
         if self._done:
             raise EpisodeDoneError("geometry: step() after the episode ended (done=True)")
+        return self.ground_truth
 
 
 def make_geometry(extras: Mapping[str, Any], seed: int | None) -> GeometryEnv:

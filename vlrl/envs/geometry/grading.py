@@ -61,6 +61,8 @@ def tokenize(text: str) -> list[tuple[str, str]]:
         if not m:
             raise UnsafeAnswerError(f"unexpected character {text[pos]!r}")
         kind = m.lastgroup
+        if kind is None:  # not reached: every alternative of _TOKEN is a named group
+            raise UnsafeAnswerError(f"unexpected character {text[pos]!r}")
         tokens.append((kind, m.group(kind)))
         pos = m.end()
         if len(tokens) > MAX_TOKENS:
@@ -77,6 +79,11 @@ class _Parser:
     def peek(self) -> tuple[str, str] | None:
         return self.tokens[self.i] if self.i < len(self.tokens) else None
 
+    def next_is(self, *values: str) -> bool:
+        """Whether the next token's value is one of ``values`` (False at the end)."""
+        tok = self.peek()
+        return tok is not None and tok[1] in values
+
     def take(self, value: str | None = None) -> tuple[str, str]:
         tok = self.peek()
         if tok is None or (value is not None and tok[1] != value):
@@ -89,7 +96,7 @@ class _Parser:
         if self.depth > MAX_DEPTH:
             raise UnsafeAnswerError("nested too deeply")
         value = self.term()
-        while self.peek() and self.peek()[1] in ("+", "-"):
+        while self.next_is("+", "-"):
             op = self.take()[1]
             rhs = self.term()
             value = value + rhs if op == "+" else value - rhs
@@ -121,7 +128,7 @@ class _Parser:
 
     def power(self) -> sympy.Expr:
         base = self.primary()
-        if self.peek() and self.peek()[1] == "^":
+        if self.next_is("^"):
             self.take()
             return _safe_pow(base, self.unary())
         return base
@@ -152,7 +159,7 @@ class _Parser:
 
     def _root(self, spelling: str) -> sympy.Expr:
         index: sympy.Expr = sympy.Integer(2)
-        if spelling == "\\sqrt" and self.peek() and self.peek()[1] == "[":
+        if spelling == "\\sqrt" and self.next_is("["):
             self.take("[")
             index = self.expr()
             self.take("]")
@@ -163,7 +170,7 @@ class _Parser:
             arg = self.expr()
             self.take(")")
         else:
-            arg = self._group() if self.peek() and self.peek()[1] == "{" else self.primary()
+            arg = self._group() if self.next_is("{") else self.primary()
         return sympy.root(arg, index)
 
     def _group(self) -> sympy.Expr:
@@ -196,8 +203,9 @@ def parse_answer(answer: str) -> sympy.Expr:
         raise UnsafeAnswerError("empty answer")
     parser = _Parser(tokens)
     value = parser.expr()
-    if parser.peek() is not None:
-        raise UnsafeAnswerError(f"unexpected {parser.peek()[1][:20]!r} after the expression")
+    rest = parser.peek()
+    if rest is not None:
+        raise UnsafeAnswerError(f"unexpected {rest[1][:20]!r} after the expression")
     return value
 
 
