@@ -60,15 +60,15 @@ def test_cross_entropy_on_text_and_image_chunks_lowers_the_loss(full_ft, rendere
         out = full_ft.forward_backward(data, "cross_entropy").result()
         full_ft.optim_step(types.AdamParams(learning_rate=3e-3)).result()
         losses.append(out.metrics["loss:sum"])
-        # the reported loss is -sum(weights * logprobs) of the returned logprobs; NaN exactly where the
-        # target is a vision id (no logprob under the contract) and nowhere else
+        # the reported loss is -sum(weights * logprobs) of the returned logprobs, given where the loss uses
+        # them (weight != 0); NaN elsewhere and where the target is a vision id (no logprob under the contract)
         total = 0.0
         for datum, lp in zip(data, out.loss_fn_outputs):
             lps = lp["logprobs"].to_numpy()
             targets = np.asarray(datum.loss_fn_inputs["target_tokens"].to_numpy())
             weights = np.asarray(datum.loss_fn_inputs["weights"].to_numpy())
             assert lps.shape == targets.shape
-            assert np.array_equal(np.isnan(lps), np.isin(targets, vision))
+            assert np.array_equal(np.isnan(lps), (weights == 0) | np.isin(targets, vision))
             total += -float(np.nansum(lps * weights))
         assert out.metrics["loss:sum"] == pytest.approx(total, rel=1e-5)
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
@@ -83,6 +83,10 @@ def test_forward_only_equals_the_trainers_logprobs(full_ft, renderer, tinker_ser
     api = torch.tensor(out.loss_fn_outputs[0]["logprobs"].to_numpy()[-len(answer) :])
     model = tinker_server.service.models[full_ft.model_id].model
     assert all(p.grad is None for p in model.parameters()), "forward-only accumulates no gradient"
+    # forward-only scores every position (the prompt's too), all but the vision-id targets
+    everywhere = out.loss_fn_outputs[0]["logprobs"].to_numpy()
+    targets = np.asarray(datum.loss_fn_inputs["target_tokens"].to_numpy())
+    assert np.array_equal(np.isnan(everywhere), np.isin(targets, vision_token_ids(model.config)))
     with torch.no_grad():
         trainer = _trainer_logprobs(model, rendered, answer)
         reference = full_forward_logprobs(model, rendered, answer, 1.0)  # vlrl's independent reference

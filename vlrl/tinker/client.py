@@ -65,4 +65,6 @@ def append_tokens(model_input: tinker.ModelInput, tokens: Sequence[int]) -> tink
     """``model_input`` followed by ``tokens`` (e.g. a sampled completion) as one more text chunk."""
     from tinker import types
 
+    if not tokens:
+        return model_input
     return types.ModelInput(chunks=[*model_input.chunks, types.EncodedTextChunk(tokens=list(tokens))])

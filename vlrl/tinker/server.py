@@ -78,10 +78,12 @@ class Running:
         """The SDK's environment for this server."""
         return {"TINKER_BASE_URL": self.url, "TINKER_API_KEY": self.api_key, "TINKER_TELEMETRY": "0"}
 
-    def stop(self) -> None:
+    def stop(self, *, close_service: bool = True) -> None:
+        """Stop serving; ``close_service=False`` leaves the service running (another server may share it)."""
         self._server.should_exit = True
         self._thread.join(timeout=10)
-        self.service.close()
+        if close_service:
+            self.service.close()
 
 
 def serve_in_thread(

@@ -104,7 +104,11 @@ class TrainedModel:
 
     def forward_backward(self, call: ForwardBackwardCall, prompts: Sequence[RenderedPrompt]) -> StepResult:
         """Per-datum loss (a sum over tokens, ``vlrl.tinker.losses``), summed over the data; gradients
-        accumulate unless ``call.forward_only``. Micro-batches of ``micro_batch_size`` data bound memory."""
+        accumulate unless ``call.forward_only``. Micro-batches of ``micro_batch_size`` data bound memory.
+
+        Logprobs are computed where the loss can use them (a nonzero weight or advantage) — projecting
+        every position onto the 151,936-token vocabulary would cost ~50x more on an RL batch, for outputs
+        no loss reads; a forward-only call computes every position. Elsewhere the output is NaN."""
         specs = [check_inputs(call.loss_fn, d.inputs, call.loss_config, f"datum {i}") for i, d in enumerate(call.data)]
         inputs = [_tensors(d.inputs, len(p.token_ids), i) for i, (d, p) in enumerate(zip(call.data, prompts))]
         outputs: list[dict[str, np.ndarray]] = []
@@ -112,11 +116,12 @@ class TrainedModel:
         for start in range(0, len(prompts), self.micro_batch_size):
             rows = range(start, min(start + self.micro_batch_size, len(prompts)))
             with torch.set_grad_enabled(not call.forward_only):
-                logps = self._logprobs([prompts[i] for i in rows], [inputs[i]["target_tokens"] for i in rows])
+                wanted = [_used(inputs[i], call.forward_only) for i in rows]
+                logps = self._logprobs([prompts[i] for i in rows], [inputs[i]["target_tokens"] for i in rows], wanted)
                 loss = torch.zeros(())
-                for i, lp in zip(rows, logps):
+                for i, lp, used in zip(rows, logps, wanted):
                     mask = ~torch.isnan(lp.detach())
-                    _refuse_weight_on_undefined(inputs[i], mask, i)
+                    _refuse_weight_on_undefined(inputs[i], mask | ~used, i)
                     datum_loss, m = specs[i].fn(torch.nan_to_num(lp), inputs[i], mask, call.loss_config)
                     loss = loss + datum_loss
                     for k, v in m.items():
@@ -127,15 +132,18 @@ class TrainedModel:
             total += float(loss.detach())
         return StepResult(tuple(outputs), {"loss:sum": total} | metrics)
 
-    def _logprobs(self, prompts: Sequence[RenderedPrompt], targets: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Contract logprobs ``[N_b]`` of each row's targets (NaN where the target is a vision id)."""
+    def _logprobs(
+        self, prompts: Sequence[RenderedPrompt], targets: Sequence[torch.Tensor], wanted: Sequence[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """Contract logprobs ``[N_b]`` of each row's targets where ``wanted`` (NaN elsewhere, and where the
+        target is a vision id)."""
         model = self.model
         batch = prompt_batch(prompts, self.pad_id)
         hidden = decoder_hidden_states(model, batch)  # [B, L, H]
         banned = banned_ids(model)
         rows, cols, tgt = [], [], []
-        for b, t in enumerate(targets):
-            ok = ~torch.isin(t, banned)
+        for b, (t, w) in enumerate(zip(targets, wanted)):
+            ok = w & ~torch.isin(t, banned)
             idx = ok.nonzero(as_tuple=True)[0]
             rows.append(torch.full_like(idx, b))
             cols.append(idx)
@@ -207,6 +215,18 @@ def _tensors(inputs: Mapping[str, np.ndarray], n: int, index: int) -> dict[str, 
             )
         out[name] = torch.from_numpy(np.asarray(arr, dtype=np.int64 if name == "target_tokens" else np.float32))
     return out
+
+
+def _used(inputs: Mapping[str, torch.Tensor], everywhere: bool) -> torch.Tensor:
+    """``[N]`` bool: the positions whose logprob the loss can use (all of them for a forward-only call)."""
+    t = inputs["target_tokens"]
+    if everywhere:
+        return torch.ones_like(t, dtype=torch.bool)
+    used = torch.zeros_like(t, dtype=torch.bool)
+    for key in ("weights", "advantages"):
+        if key in inputs:
+            used |= inputs[key] != 0
+    return used
 
 
 def _refuse_weight_on_undefined(inputs: Mapping[str, torch.Tensor], mask: torch.Tensor, index: int) -> None:
