@@ -13,6 +13,7 @@ rollout vs trainer agreement at every RL step (``run.agreement=stop``).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -71,24 +72,31 @@ def test_fsdp_on_one_gpu_takes_the_plain_trainers_steps(vlrl_model_dir, tmp_path
     from vlrl.train.forward import policy_forward
 
     model_dir = vlrl_model_dir("qwen2_5_vl", "2b")
-    plain = _train(tmp_path / "plain")
-    fsdp = _train(tmp_path / "fsdp", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1")
+    config = SimpleNamespace(config=AutoConfig.from_pretrained(model_dir))  # what CollateSpec reads
+    batch = collate(_expert_batch(model_dir), CollateSpec.from_model(config))
     bound = bounds_for("bfloat16").agreement
+
+    def trained_logprobs(run: Path, master_fp32: bool) -> torch.Tensor:
+        with torch.no_grad():
+            lp = policy_forward(_policy(model_dir, run / "checkpoints" / "step_000001", master_fp32), batch)
+        # A 2b checkpoint with fp32 masters and moments is ~30 GB: one run's at a time on a 64 GB disk.
+        shutil.rmtree(run / "checkpoints")
+        return lp.logprobs.cpu()
+
+    plain = _train(tmp_path / "plain")
+    lp_plain = trained_logprobs(plain, False)
+    fsdp = _train(tmp_path / "fsdp", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1")
+    assert (fsdp / "checkpoints" / "step_000001" / "dcp").is_dir()
+    lp_fsdp = trained_logprobs(fsdp, True)
     a, b = RunRecord.load(plain), RunRecord.load(fsdp)
     agreement_held(a, steps=1)
     agreement_held(b, steps=1)
     first_a, first_b = a.phase("sft")[0], b.phase("sft")[0]  # same weights, same batch: one bf16 forward apart
     assert abs(first_a["loss"] - first_b["loss"]) <= bound.mean_abs, (first_a["loss"], first_b["loss"])
     assert abs(first_a["grad_norm"] - first_b["grad_norm"]) <= 0.05 * first_a["grad_norm"]
-    assert (fsdp / "checkpoints" / "step_000001" / "dcp").is_dir()
 
-    config = SimpleNamespace(config=AutoConfig.from_pretrained(model_dir))  # what CollateSpec reads
-    batch = collate(_expert_batch(model_dir), CollateSpec.from_model(config))
-    with torch.no_grad():
-        lp = [policy_forward(_policy(model_dir, run / "checkpoints" / "step_000001", master), batch).logprobs.cpu()
-              for run, master in ((plain, False), (fsdp, True))]
     mask = batch.loss_mask.bool()
-    delta = (lp[0] - lp[1])[mask].abs()
+    delta = (lp_plain - lp_fsdp)[mask].abs()
     print(f"plain vs FSDP2 after 2 SFT + 1 RL steps: mean |Δ| {float(delta.mean()):.4f}, max {float(delta.max()):.4f}; "
           f"run seconds plain {a.summary['seconds']}, fsdp {b.summary['seconds']}")
     assert float(delta.mean()) <= bound.mean_abs and float(delta.max()) <= bound.max_abs

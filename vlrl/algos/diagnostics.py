@@ -59,11 +59,21 @@ def grad_norms_by_group(named_params: Iterable[tuple[str, Tensor]], group_of: Ca
     """``{group: ||grad||_2}`` over the parameters that have a gradient, grouped by ``group_of(name)``.
 
     Parameters without ``.grad`` are left out (a group with none does not appear); a tied weight
-    listed once by ``named_parameters`` counts once.
+    listed once by ``named_parameters`` counts once. Sharded gradients (FSDP2's DTensors): the norm of this
+    rank's shards (``vlrl.train.distributed.reduce_metrics`` adds the ranks' squares). One host sync in all,
+    not one per parameter (on a DTensor each ``float()`` was a DTensor dispatch and a host sync).
     """
-    sq: dict[str, float] = {}
+    by_group: dict[str, list[Tensor]] = {}
     for name, p in named_params:
         if p.grad is not None:
-            g = group_of(name)
-            sq[g] = sq.get(g, 0.0) + float(p.grad.detach().double().square().sum())
-    return {g: v**0.5 for g, v in sq.items()}
+            g = p.grad.detach()
+            local = g.to_local() if hasattr(g, "to_local") else g
+            by_group.setdefault(group_of(name), []).append(local)
+    if not by_group:
+        return {}
+    names = list(by_group)
+    sums = torch.stack([
+        torch.stack([torch.linalg.vector_norm(t, dtype=torch.float64) ** 2 for t in by_group[n]]).sum()
+        for n in names
+    ]).tolist()
+    return {n: v**0.5 for n, v in zip(names, sums, strict=True)}

@@ -75,7 +75,8 @@ def make_optimizer(model, lr: float, optim: OptimSection, lr_scale: Mapping[str,
             groups.setdefault(param_group(name), []).append(p)
     param_groups = [{"params": ps, "lr": lr * float(scale.get(g, 1.0)), "name": g} for g, ps in groups.items()]
     adamw = MasterAdamW if optim.master_weights == "float32" else torch.optim.AdamW
-    return adamw(param_groups, lr=lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+    fused = all(p.is_cuda for ps in groups.values() for p in ps) or None  # one kernel for all tensors on GPU
+    return adamw(param_groups, lr=lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay, fused=fused)
 
 
 class Trainer:
