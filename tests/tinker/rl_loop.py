@@ -30,6 +30,9 @@ class LoopConfig:
     train_rows: int = 512
     eval_rows: int = 64
     seed: int = 0
+    """The train rows' seed (``run.seed`` of the recipe)."""
+    sample_seed: int = 0
+    """Base of the sampling seeds (each request's seed derives from it, the step and the row)."""
     rows_per_step: int = 8
     repeats: int = 8
     max_tokens: int = 4
@@ -101,7 +104,9 @@ def rl_loop(service_client, renderer, cfg: LoopConfig, log: Callable[[dict], Non
                 mi,
                 cfg.repeats,
                 types.SamplingParams(
-                    max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=1_000 * step + 10 * i
+                    max_tokens=cfg.max_tokens,
+                    temperature=cfg.temperature,
+                    seed=cfg.sample_seed * 1_000_003 + 1_000 * step + 10 * i,
                 ),
             )
             for i, (mi, _) in enumerate(episodes)

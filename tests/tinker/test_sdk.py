@@ -188,3 +188,13 @@ def test_lora_client_trains_only_adapters_and_samples_merged_weights(service_cli
     with torch.no_grad():
         trainer = _trainer_logprobs(trained, rendered, list(seq.tokens))
     torch.testing.assert_close(torch.tensor(seq.logprobs), trainer, atol=1e-4, rtol=0)
+
+
+def test_save_weights_and_get_sampling_client_samples_the_saved_weights(full_ft, renderer, tinker_server):
+    sampler = full_ft.save_weights_and_get_sampling_client().result()
+    model_input, rendered = conversation_input(image_conversation(10), renderer)
+    seq = sampler.sample(model_input, 1, types.SamplingParams(max_tokens=4, seed=2)).result().sequences[0]
+    model = tinker_server.service.models[full_ft.model_id].model
+    with torch.no_grad():
+        trainer = _trainer_logprobs(model, rendered, list(seq.tokens))
+    torch.testing.assert_close(torch.tensor(seq.logprobs), trainer, atol=1e-4, rtol=0)

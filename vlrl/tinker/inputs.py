@@ -67,7 +67,11 @@ def render_chunks(
             f"{where}: {declared} tokens, more than the model's context of {limits.max_tokens}",
         )
     ids: list[int] = []
-    pixels, grids, placeholders, hashes, features = [], [], [], [], []
+    pixels: list[torch.Tensor] = []
+    grids: list[torch.Tensor] = []
+    placeholders: list[PlaceholderRange] = []
+    hashes: list[str] = []
+    features: list[Any] = []
     for k, chunk in enumerate(chunks):
         if isinstance(chunk, TextChunk):
             ids.extend(chunk.tokens)
@@ -75,6 +79,7 @@ def render_chunks(
         one = render_image(chunk, renderer, f"{where} chunk {k}")
         placeholders.append(PlaceholderRange(len(ids), one.placeholders[0].length))
         ids.extend([renderer.image_token_id] * one.placeholders[0].length)
+        assert one.pixel_values is not None and one.image_grid_thw is not None  # checked by render_image
         pixels.append(one.pixel_values)
         grids.append(one.image_grid_thw)
         hashes.extend(one.image_hashes)
@@ -103,6 +108,8 @@ def render_image(chunk: ImageChunk, renderer: ImageRenderer, where: str) -> Rend
         raise BadInputError(f"{where}: {exc.what}") from None
     if len(one.placeholders) != 1:
         raise BadInputError(f"{where}: the image rendered to {len(one.placeholders)} placeholder runs")
+    if one.pixel_values is None or one.image_grid_thw is None:
+        raise BadInputError(f"{where}: the renderer gave no vision tensors for the image")
     n = one.placeholders[0].length
     if chunk.expected_tokens is not None and chunk.expected_tokens != n:
         raise BadInputError(

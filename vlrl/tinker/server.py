@@ -40,7 +40,6 @@ def build_service(cfg: ServiceConfig, *, dtype: str = "float32") -> Service:
         stack = vllm_stack(path)
         renderer: Any = stack.renderer
         pool = SamplerPool(stack.engine, None, keep=cfg.keep_samplers)
-        max_context = stack.config.max_model_len
         closer: Any = stack.close
     else:
         from vlrl.engines.embedded import EmbeddedEngine
@@ -50,7 +49,6 @@ def build_service(cfg: ServiceConfig, *, dtype: str = "float32") -> Service:
         engine = EmbeddedEngine(load_model(path, dtype=torch_dtype), tokenizer)
         base = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
         pool = SamplerPool(engine, base, keep=cfg.keep_samplers)
-        max_context = engine.max_context
         closer = None
     service = Service(
         cfg,
@@ -58,7 +56,7 @@ def build_service(cfg: ServiceConfig, *, dtype: str = "float32") -> Service:
         pool=pool,
         load_model=lambda: load_model(path, dtype=torch_dtype),
         pad_id=int(pad),
-        max_context=int(max_context),
+        max_context=int(pool.engine.max_context),
         on_close=closer,
     )
     return service

@@ -15,7 +15,6 @@ vlrl/recipes/color_square_rl.toml, whose header says why).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -112,7 +111,7 @@ class TrainedModel:
         specs = [check_inputs(call.loss_fn, d.inputs, call.loss_config, f"datum {i}") for i, d in enumerate(call.data)]
         inputs = [_tensors(d.inputs, len(p.token_ids), i) for i, (d, p) in enumerate(zip(call.data, prompts))]
         outputs: list[dict[str, np.ndarray]] = []
-        total, metrics = 0.0, {}
+        total, metrics = 0.0, dict[str, float]()
         for start in range(0, len(prompts), self.micro_batch_size):
             rows = range(start, min(start + self.micro_batch_size, len(prompts)))
             with torch.set_grad_enabled(not call.forward_only):
@@ -181,6 +180,8 @@ class TrainedModel:
         return {"grad_norm": norm, "step": float(self.steps)}
 
     def _make_optimizer(self) -> torch.optim.AdamW:
+        from vlrl.train.master import MasterAdamW  # bf16 weights step through fp32 masters (its docstring)
+
         unknown = set(self.lr_scale) - {"vision", "merger", "language", "embed"}
         if unknown:
             raise BadInputError(f"lr_scale has unknown module group(s) {sorted(unknown)}")
@@ -188,7 +189,7 @@ class TrainedModel:
         for name, p in self.model.named_parameters():
             if p.requires_grad:
                 groups.setdefault(param_group(name), []).append(p)
-        self._optimizer = torch.optim.AdamW([{"params": ps, "name": g} for g, ps in groups.items()], lr=0.0)
+        self._optimizer = MasterAdamW([{"params": ps, "name": g} for g, ps in groups.items()], lr=0.0)
         return self._optimizer
 
     # ------------------------------------------------------------------ weights
@@ -250,22 +251,21 @@ def prompt_batch(prompts: Sequence[RenderedPrompt], pad_id: int) -> Batch:
         attn[b, : len(p.token_ids)] = 1
     with_images = [p for p in prompts if p.n_images]
     zeros = torch.zeros((B, width), dtype=torch.float32)
-    # Batch.old_logprobs is being renamed rollout_logprobs: fill whichever this vlrl has.
-    names = {f.name for f in dataclasses.fields(Batch)}
-    logprob_field = "rollout_logprobs" if "rollout_logprobs" in names else "old_logprobs"
+    pixels = [p.pixel_values for p in with_images if p.pixel_values is not None]
+    grids = [p.image_grid_thw for p in with_images if p.image_grid_thw is not None]
     return Batch(
         input_ids=ids,
         attention_mask=attn,
         loss_mask=zeros,
         rewards=zeros,
         turn_index=torch.full((B, width), -1, dtype=torch.long),
-        pixel_values=torch.cat([p.pixel_values for p in with_images]) if with_images else None,
-        image_grid_thw=torch.cat([p.image_grid_thw for p in with_images]) if with_images else None,
+        pixel_values=torch.cat(pixels) if pixels else None,
+        image_grid_thw=torch.cat(grids) if grids else None,
         image_counts=torch.tensor([p.n_images for p in prompts]),
         seq_lens=attn.sum(1),
         prompt_lens=attn.sum(1),
         groups=torch.arange(B),
         uids=tuple(str(b) for b in range(B)),
         temperature=1.0,
-        **{logprob_field: zeros},
+        rollout_logprobs=zeros,
     )
