@@ -12,8 +12,9 @@ Library code: importable without pytest or torch (torch is imported inside the f
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from vlrl.checks.bounds import AgreementBounds
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 class LogprobDisagreementError(RuntimeError):
     """Rollout and trainer logprobs disagree beyond the bounds; ``report`` holds the details."""
 
-    def __init__(self, message: str, report: "AgreementReport"):
+    def __init__(self, message: str, report: AgreementReport):
         super().__init__(message)
         self.report = report
 
@@ -65,8 +66,10 @@ class Position:
         return self.trainer - self.rollout
 
     def describe(self) -> str:
-        return (f"trajectory {self.uid} (row {self.row}), turn {self.turn}, token position {self.position} "
-                f"(id {self.token_id}): rollout {self.rollout:.6g}, trainer {self.trainer:.6g}, Δ {self.delta:+.3g}")
+        return (
+            f"trajectory {self.uid} (row {self.row}), turn {self.turn}, token position {self.position} "
+            f"(id {self.token_id}): rollout {self.rollout:.6g}, trainer {self.trainer:.6g}, Δ {self.delta:+.3g}"
+        )
 
 
 @dataclass(frozen=True)
@@ -107,9 +110,12 @@ class Breakdown:
 
     def rows(self) -> dict[str, list[dict[str, Any]]]:
         """JSON-ready: ``{"by_depth": [{"bin", "n_tokens", "max_abs", "mean_abs"}], "by_turn_position": [...]}``."""
+
         def table(items):
-            return [{"bin": label, "n_tokens": s.n_tokens, "max_abs": s.max_abs, "mean_abs": s.mean_abs}
-                    for label, s in items]
+            return [
+                {"bin": label, "n_tokens": s.n_tokens, "max_abs": s.max_abs, "mean_abs": s.mean_abs}
+                for label, s in items
+            ]
 
         return {"by_depth": table(self.by_depth), "by_turn_position": table(self.by_turn_position)}
 
@@ -138,34 +144,57 @@ class AgreementReport:
             out.update({f"{prefix}turn{t.turn}/{k}": float(v) for k, v in vars(t.stats).items()})
         if self.breakdown is not None:
             for group in (self.breakdown.by_depth, self.breakdown.by_turn_position):
-                out.update({f"{prefix}bin/{label}/{k}": float(v) for label, s in group
-                            for k, v in vars(s).items() if k in ("n_tokens", "max_abs", "mean_abs")})
+                out.update(
+                    {
+                        f"{prefix}bin/{label}/{k}": float(v)
+                        for label, s in group
+                        for k, v in vars(s).items()
+                        if k in ("n_tokens", "max_abs", "mean_abs")
+                    }
+                )
         if self.distribution is not None:
-            out.update({f"{prefix}dist/{k}": float(v) for k, v in vars(self.distribution).items()
-                        if isinstance(v, (int, float))})
+            out.update(
+                {
+                    f"{prefix}dist/{k}": float(v)
+                    for k, v in vars(self.distribution).items()
+                    if isinstance(v, (int, float))
+                }
+            )
         out[f"{prefix}breached"] = float(self.breached)
         return out
 
     def summary(self) -> str:
         o = self.overall
-        lines = [f"{o.n_tokens} generated tokens: max |Δ| {o.max_abs:.3g} (bound {self.bounds.max_abs:g}), "
-                 f"mean |Δ| {o.mean_abs:.3g} (bound {self.bounds.mean_abs:g}), k3 {o.k3:.3g} (bound {self.bounds.k3:g}), "
-                 f"ratio [{o.ratio_min:.4g}, {o.ratio_max:.4g}]"]
+        lines = [
+            f"{o.n_tokens} generated tokens: max |Δ| {o.max_abs:.3g} (bound {self.bounds.max_abs:g}), "
+            f"mean |Δ| {o.mean_abs:.3g} (bound {self.bounds.mean_abs:g}), k3 {o.k3:.3g} (bound {self.bounds.k3:g}), "
+            f"ratio [{o.ratio_min:.4g}, {o.ratio_max:.4g}]"
+        ]
         lines += [f"  breach: {b}" for b in self.breaches]
         return "\n".join(lines)
 
     def raise_if_breached(self) -> None:
         if self.breached:
             worst = self.worst[0].describe() if self.worst else "no generated tokens"
-            raise LogprobDisagreementError(f"rollout and trainer logprobs disagree: {'; '.join(self.breaches)}. "
-                                           f"Worst: {worst}", self)
+            raise LogprobDisagreementError(
+                f"rollout and trainer logprobs disagree: {'; '.join(self.breaches)}. Worst: {worst}", self
+            )
 
 
-def compare_logprobs(rollout: "torch.Tensor", trainer: "torch.Tensor", mask: "torch.Tensor", *,
-                     turn_index: "torch.Tensor | None" = None, uids: Sequence[str] | None = None,
-                     token_ids: "torch.Tensor | None" = None, dtype: Any = "float32",
-                     bounds: AgreementBounds | None = None, distribution: DistributionStats | None = None,
-                     n_worst: int = 5, temperature: float | None = None) -> AgreementReport:
+def compare_logprobs(
+    rollout: torch.Tensor,
+    trainer: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    turn_index: torch.Tensor | None = None,
+    uids: Sequence[str] | None = None,
+    token_ids: torch.Tensor | None = None,
+    dtype: Any = "float32",
+    bounds: AgreementBounds | None = None,
+    distribution: DistributionStats | None = None,
+    n_worst: int = 5,
+    temperature: float | None = None,
+) -> AgreementReport:
     """Compare rollout and trainer logprobs ``[B, L]`` where ``mask`` ``[B, L]`` is 1 (generated tokens).
 
     ``turn_index`` ``[B, L]`` gives per-turn statistics, ``uids`` / ``token_ids`` name positions;
@@ -175,39 +204,49 @@ def compare_logprobs(rollout: "torch.Tensor", trainer: "torch.Tensor", mask: "to
     import torch
 
     if rollout.shape != trainer.shape or rollout.shape != mask.shape:
-        raise ValueError(f"shape mismatch: rollout {tuple(rollout.shape)}, trainer {tuple(trainer.shape)}, "
-                         f"mask {tuple(mask.shape)}")
+        raise ValueError(
+            f"shape mismatch: rollout {tuple(rollout.shape)}, trainer {tuple(trainer.shape)}, mask {tuple(mask.shape)}"
+        )
     bounds = bounds or AgreementBounds.for_dtype(dtype)
     r, t = rollout.detach().double().cpu(), trainer.detach().double().cpu()
     m = mask.detach().cpu().bool()
     turns = turn_index.detach().cpu() if turn_index is not None else torch.zeros_like(m, dtype=torch.long)
     overall = _stats(r[m], t[m])
-    per_turn = tuple(TurnStats(int(k), _stats(r[m & (turns == k)], t[m & (turns == k)]))
-                     for k in sorted(set(turns[m].tolist())))
+    per_turn = tuple(
+        TurnStats(int(k), _stats(r[m & (turns == k)], t[m & (turns == k)])) for k in sorted(set(turns[m].tolist()))
+    )
     worst = _worst(r, t, m, turns, uids, token_ids, n_worst)
     breaches = _breaches(overall, distribution, bounds)
-    return AgreementReport(overall=overall, turns=per_turn, worst=worst, bounds=bounds,
-                           breakdown=breakdown(r, t, m, turns), distribution=distribution,
-                           breaches=breaches, temperature=temperature)
+    return AgreementReport(
+        overall=overall,
+        turns=per_turn,
+        worst=worst,
+        bounds=bounds,
+        breakdown=breakdown(r, t, m, turns),
+        distribution=distribution,
+        breaches=breaches,
+        temperature=temperature,
+    )
 
 
-def breakdown(rollout: "torch.Tensor", trainer: "torch.Tensor", mask: "torch.Tensor",
-              turn_index: "torch.Tensor") -> Breakdown:
+def breakdown(rollout: torch.Tensor, trainer: torch.Tensor, mask: torch.Tensor, turn_index: torch.Tensor) -> Breakdown:
     """|Δ| by context depth and first-vs-rest token of each turn; all inputs ``[B, L]`` (rows left-aligned:
     the column is the number of tokens before the position)."""
     import torch
 
     m = mask.bool()
     depth = torch.arange(m.shape[1]).expand_as(m)
-    edges = list(DEPTH_BINS) + [None]
     by_depth = []
-    for lo, hi in zip(edges[:-1], edges[1:]):
+    for lo, hi in zip(DEPTH_BINS, [*DEPTH_BINS[1:], None], strict=True):
         sel = m & (depth >= lo) & (depth < hi if hi is not None else True)
         if sel.any():
             by_depth.append((_bin_label(lo, hi), _stats(rollout[sel], trainer[sel])))
     first = _first_of_turn(m, turn_index)
-    by_pos = tuple((label, _stats(rollout[sel], trainer[sel])) for label, sel in
-                   (("first", first), ("rest", m & ~first)) if sel.any())
+    by_pos = tuple(
+        (label, _stats(rollout[sel], trainer[sel]))
+        for label, sel in (("first", first), ("rest", m & ~first))
+        if sel.any()
+    )
     return Breakdown(by_depth=tuple(by_depth), by_turn_position=by_pos)
 
 
@@ -218,7 +257,7 @@ def _bin_label(lo: int, hi: int | None) -> str:
     return f"{k(lo)}+" if hi is None else f"{k(lo)}-{k(hi)}"
 
 
-def _first_of_turn(m: "torch.Tensor", turns: "torch.Tensor") -> "torch.Tensor":
+def _first_of_turn(m: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
     """``[B, L]`` bool: the first generated (mask 1) position of each turn of each row: where the turn
     index changes or the generated positions resume after a gap."""
     import torch
@@ -235,8 +274,9 @@ def _first_of_turn(m: "torch.Tensor", turns: "torch.Tensor") -> "torch.Tensor":
     return first
 
 
-def batch_agreement(batch: Any, out: Any, *, dtype: Any = "float32", bounds: AgreementBounds | None = None,
-                    n_worst: int = 5) -> AgreementReport:
+def batch_agreement(
+    batch: Any, out: Any, *, dtype: Any = "float32", bounds: AgreementBounds | None = None, n_worst: int = 5
+) -> AgreementReport:
     """:func:`compare_logprobs` for a ``vlrl.train.batch.Batch`` and its ``policy_forward`` output.
 
     Compares ``batch.rollout_logprobs`` (the rollout's) with ``out.logprobs`` on ``batch.loss_mask``,
@@ -247,15 +287,33 @@ def batch_agreement(batch: Any, out: Any, *, dtype: Any = "float32", bounds: Agr
     dist = None
     top, probe = getattr(batch, "engine_topk", None), getattr(out, "probe", None)
     if top is not None and probe is not None:
-        labels = [f"trajectory {batch.uids[r]} token position {p}" for r, p in zip(top.rows.tolist(), top.positions.tolist())]
-        dist = distribution_stats(top.ids, top.logprobs, probe.topk_ids, probe.topk_logprobs, probe.at_engine_ids,
-                                  tie_tolerance=bounds.max_abs, labels=labels)
-    return compare_logprobs(batch.rollout_logprobs, out.logprobs, batch.loss_mask, turn_index=batch.turn_index,
-                            uids=batch.uids, token_ids=batch.input_ids, bounds=bounds, distribution=dist,
-                            n_worst=n_worst, temperature=batch.temperature)
+        labels = [
+            f"trajectory {batch.uids[r]} token position {p}" for r, p in zip(top.rows.tolist(), top.positions.tolist())
+        ]
+        dist = distribution_stats(
+            top.ids,
+            top.logprobs,
+            probe.topk_ids,
+            probe.topk_logprobs,
+            probe.at_engine_ids,
+            tie_tolerance=bounds.max_abs,
+            labels=labels,
+        )
+    return compare_logprobs(
+        batch.rollout_logprobs,
+        out.logprobs,
+        batch.loss_mask,
+        turn_index=batch.turn_index,
+        uids=batch.uids,
+        token_ids=batch.input_ids,
+        bounds=bounds,
+        distribution=dist,
+        n_worst=n_worst,
+        temperature=batch.temperature,
+    )
 
 
-def _stats(r: "torch.Tensor", t: "torch.Tensor") -> Stats:
+def _stats(r: torch.Tensor, t: torch.Tensor) -> Stats:
     import torch
 
     if r.numel() == 0:
@@ -265,8 +323,9 @@ def _stats(r: "torch.Tensor", t: "torch.Tensor") -> Stats:
         return Stats(int(r.numel()), math.inf, math.inf, math.inf, 0.0, math.inf)
     k3 = (torch.exp(d) - 1 - d).mean()
     ratio = torch.exp(d)
-    return Stats(int(r.numel()), float(d.abs().max()), float(d.abs().mean()), float(k3),
-                 float(ratio.min()), float(ratio.max()))
+    return Stats(
+        int(r.numel()), float(d.abs().max()), float(d.abs().mean()), float(k3), float(ratio.min()), float(ratio.max())
+    )
 
 
 def _worst(r, t, m, turns, uids, token_ids, n: int) -> tuple[Position, ...]:
@@ -277,9 +336,17 @@ def _worst(r, t, m, turns, uids, token_ids, n: int) -> tuple[Position, ...]:
     out = []
     for f in flat.tolist():
         b, p = divmod(f, r.shape[1])
-        out.append(Position(row=b, uid=uids[b] if uids is not None else str(b), turn=int(turns[b, p]), position=p,
-                            token_id=int(token_ids[b, p]) if token_ids is not None else -1,
-                            rollout=float(r[b, p]), trainer=float(t[b, p])))
+        out.append(
+            Position(
+                row=b,
+                uid=uids[b] if uids is not None else str(b),
+                turn=int(turns[b, p]),
+                position=p,
+                token_id=int(token_ids[b, p]) if token_ids is not None else -1,
+                rollout=float(r[b, p]),
+                trainer=float(t[b, p]),
+            )
+        )
     return tuple(out)
 
 
@@ -299,9 +366,16 @@ def _breaches(o: Stats, dist: DistributionStats | None, bounds: AgreementBounds)
     return tuple(out)
 
 
-def distribution_stats(engine_ids: "torch.Tensor", engine_logprobs: "torch.Tensor", trainer_topk_ids: "torch.Tensor",
-                       trainer_topk_logprobs: "torch.Tensor", trainer_at_engine_ids: "torch.Tensor", *,
-                       tie_tolerance: float, labels: Sequence[str] | None = None) -> DistributionStats | None:
+def distribution_stats(
+    engine_ids: torch.Tensor,
+    engine_logprobs: torch.Tensor,
+    trainer_topk_ids: torch.Tensor,
+    trainer_topk_logprobs: torch.Tensor,
+    trainer_at_engine_ids: torch.Tensor,
+    *,
+    tie_tolerance: float,
+    labels: Sequence[str] | None = None,
+) -> DistributionStats | None:
     """Top-k overlap and vocabulary KL at ``P`` probed positions (all inputs ``[P, k]``).
 
     The KL is KL(engine ‖ trainer) over k + 1 buckets: the engine's k ids, then one tail bucket
@@ -318,15 +392,22 @@ def distribution_stats(engine_ids: "torch.Tensor", engine_logprobs: "torch.Tenso
     eids, tids = engine_ids.cpu().tolist(), trainer_topk_ids.cpu().tolist()
     exact = torch.tensor([len(set(a) & set(b)) / k for a, b in zip(eids, tids)], dtype=torch.float64)
     kth = trainer_topk_logprobs.detach().double().cpu()[:, -1:]
-    tie = ((q >= kth - tie_tolerance).double().mean(-1))
+    tie = (q >= kth - tie_tolerance).double().mean(-1)
     j = int(torch.nan_to_num(kl, nan=math.inf).argmax())
     where = labels[j] if labels is not None else f"probe {j}"
-    return DistributionStats(n_positions=P, k=k, topk_overlap_min=float(exact.min()), topk_overlap_mean=float(exact.mean()),
-                             tie_aware_overlap_min=float(tie.min()), vocab_kl_max=float(kl.max()),
-                             vocab_kl_mean=float(kl.mean()), worst=f"{where} (KL {float(kl[j]):.3g})")
+    return DistributionStats(
+        n_positions=P,
+        k=k,
+        topk_overlap_min=float(exact.min()),
+        topk_overlap_mean=float(exact.mean()),
+        tie_aware_overlap_min=float(tie.min()),
+        vocab_kl_max=float(kl.max()),
+        vocab_kl_mean=float(kl.mean()),
+        worst=f"{where} (KL {float(kl[j]):.3g})",
+    )
 
 
-def _coarse_kl(p_log: "torch.Tensor", q_log: "torch.Tensor") -> "torch.Tensor":
+def _coarse_kl(p_log: torch.Tensor, q_log: torch.Tensor) -> torch.Tensor:
     """KL over [top-k ids..., tail] from per-id logprobs ``[k]`` (float64)."""
     import torch
 

@@ -10,8 +10,9 @@ features for a sequence: verl#4050, SkyRL#2075).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -38,12 +39,15 @@ class CollateSpec:
     """Vision ``spatial_merge_size``: one placeholder token per ``merge_size²`` patches."""
 
     @classmethod
-    def from_model(cls, model) -> "CollateSpec":
+    def from_model(cls, model) -> CollateSpec:
         cfg = model.config
         text = getattr(cfg, "text_config", cfg)
         pad = text.pad_token_id if text.pad_token_id is not None else text.eos_token_id
-        return cls(pad_id=int(pad), image_token_id=int(cfg.image_token_id),
-                   merge_size=int(cfg.vision_config.spatial_merge_size))
+        return cls(
+            pad_id=int(pad),
+            image_token_id=int(cfg.image_token_id),
+            merge_size=int(cfg.vision_config.spatial_merge_size),
+        )
 
 
 @dataclass(frozen=True)
@@ -107,33 +111,44 @@ class Batch:
     def size(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def replace(self, **changes) -> "Batch":
+    def replace(self, **changes) -> Batch:
         """A copy with some fields changed (no re-validation: fault-injection tests use this)."""
         return dataclasses.replace(self, **changes)
 
-    def to(self, device) -> "Batch":
+    def to(self, device) -> Batch:
         moved = {f.name: _to(getattr(self, f.name), device) for f in dataclasses.fields(self)}
         return Batch(**moved)
 
-    def select(self, rows: Sequence[int]) -> "Batch":
+    def select(self, rows: Sequence[int]) -> Batch:
         """The sub-batch of ``rows`` (a micro-batch), trimmed to its longest row, with its own vision tensors."""
         rows = list(rows)
         idx = torch.tensor(rows, dtype=torch.long)
         width = int(self.seq_lens[idx].max()) if rows else 0
-        per_token = {name: getattr(self, name)[idx, :width] for name in
-                     ("input_ids", "attention_mask", "loss_mask", "rollout_logprobs", "rewards", "turn_index")}
+        per_token = {
+            name: getattr(self, name)[idx, :width]
+            for name in ("input_ids", "attention_mask", "loss_mask", "rollout_logprobs", "rewards", "turn_index")
+        }
         pixels, grid = self._vision_of(rows)
-        return Batch(**per_token, pixel_values=pixels, image_grid_thw=grid, image_counts=self.image_counts[idx],
-                     seq_lens=self.seq_lens[idx], prompt_lens=self.prompt_lens[idx], groups=self.groups[idx],
-                     uids=tuple(self.uids[r] for r in rows), temperature=self.temperature,
-                     engine_topk=_select_topk(self.engine_topk, rows, width))
+        return Batch(
+            **per_token,
+            pixel_values=pixels,
+            image_grid_thw=grid,
+            image_counts=self.image_counts[idx],
+            seq_lens=self.seq_lens[idx],
+            prompt_lens=self.prompt_lens[idx],
+            groups=self.groups[idx],
+            uids=tuple(self.uids[r] for r in rows),
+            temperature=self.temperature,
+            engine_topk=_select_topk(self.engine_topk, rows, width),
+        )
 
-    def split(self, micro_batch_size: int) -> list["Batch"]:
+    def split(self, micro_batch_size: int) -> list[Batch]:
         """Consecutive micro-batches of at most ``micro_batch_size`` rows."""
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-        return [self.select(range(s, min(s + micro_batch_size, self.size)))
-                for s in range(0, self.size, micro_batch_size)]
+        return [
+            self.select(range(s, min(s + micro_batch_size, self.size))) for s in range(0, self.size, micro_batch_size)
+        ]
 
     def _vision_of(self, rows: list[int]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if self.image_grid_thw is None or self.pixel_values is None:
@@ -144,12 +159,13 @@ class Batch:
         images = [i for lo, hi in img_ranges for i in range(lo, hi)]
         if not images:
             return None, None
-        pix = [self.pixel_values[(patches[i - 1] if i else 0):patches[i]] for i in images]
+        pix = [self.pixel_values[(patches[i - 1] if i else 0) : patches[i]] for i in images]
         return torch.cat(pix), self.image_grid_thw[torch.tensor(images)]
 
 
-def collate(trajectories: Sequence["Trajectory"], spec: CollateSpec, *,
-            top_logprobs: Sequence[TopLogprobs] | None = None) -> Batch:
+def collate(
+    trajectories: Sequence[Trajectory], spec: CollateSpec, *, top_logprobs: Sequence[TopLogprobs] | None = None
+) -> Batch:
     """Stack ``trajectories`` into a :class:`Batch`, after checking each one's integrity.
 
     ``top_logprobs`` (optional, one entry per trajectory, aligned with its ``response_ids``) carries
@@ -160,8 +176,10 @@ def collate(trajectories: Sequence["Trajectory"], spec: CollateSpec, *,
     temps = sorted({float(t.temperature) for t in trajectories})
     if len(temps) > 1:
         by_t = {T: [t.uid for t in trajectories if float(t.temperature) == T][:3] for T in temps}
-        raise BatchIntegrityError(f"trajectories of one batch must share a temperature, got {by_t} "
-                                  "(the trainer's logprobs use one T per batch)")
+        raise BatchIntegrityError(
+            f"trajectories of one batch must share a temperature, got {by_t} "
+            "(the trainer's logprobs use one T per batch)"
+        )
     for t in trajectories:
         check_trajectory(t, spec)
     width = max(len(t.prompt_ids) + len(t.response_ids) for t in trajectories)
@@ -182,30 +200,47 @@ def collate(trajectories: Sequence["Trajectory"], spec: CollateSpec, *,
         old[b, p:n] = torch.where(mask.bool(), torch.tensor(t.logprobs, dtype=torch.float32), 0.0)
         rew[b, p:n] = torch.tensor(t.rewards, dtype=torch.float32)
         for span in t.turns:
-            turn[b, span.obs_start:span.gen_end] = span.index
+            turn[b, span.obs_start : span.gen_end] = span.index
     with_images = [t for t in trajectories if t.n_images]
-    pixels = torch.cat([t.pixel_values for t in with_images]) if with_images else None
-    grid = torch.cat([t.image_grid_thw.to(torch.long) for t in with_images]) if with_images else None
-    return Batch(input_ids=ids, attention_mask=attn, loss_mask=loss, rollout_logprobs=old, rewards=rew, turn_index=turn,
-                 pixel_values=pixels, image_grid_thw=grid,
-                 image_counts=torch.tensor([t.n_images for t in trajectories], dtype=torch.long),
-                 seq_lens=attn.sum(1), prompt_lens=torch.tensor([len(t.prompt_ids) for t in trajectories]),
-                 groups=torch.tensor([t.group for t in trajectories], dtype=torch.long),
-                 uids=tuple(t.uid for t in trajectories), temperature=temps[0],
-                 engine_topk=_collect_topk(trajectories, top_logprobs))
+    # n_images > 0 means the renderer gave the trajectory its vision tensors
+    pixels = torch.cat([pv for t in with_images if (pv := t.pixel_values) is not None]) if with_images else None
+    grid = (
+        torch.cat([thw.to(torch.long) for t in with_images if (thw := t.image_grid_thw) is not None])
+        if with_images
+        else None
+    )
+    return Batch(
+        input_ids=ids,
+        attention_mask=attn,
+        loss_mask=loss,
+        rollout_logprobs=old,
+        rewards=rew,
+        turn_index=turn,
+        pixel_values=pixels,
+        image_grid_thw=grid,
+        image_counts=torch.tensor([t.n_images for t in trajectories], dtype=torch.long),
+        seq_lens=attn.sum(1),
+        prompt_lens=torch.tensor([len(t.prompt_ids) for t in trajectories]),
+        groups=torch.tensor([t.group for t in trajectories], dtype=torch.long),
+        uids=tuple(t.uid for t in trajectories),
+        temperature=temps[0],
+        engine_topk=_collect_topk(trajectories, top_logprobs),
+    )
 
 
-def check_trajectory(t: "Trajectory", spec: CollateSpec) -> None:
+def check_trajectory(t: Trajectory, spec: CollateSpec) -> None:
     """Placeholder runs vs image grids vs pixel rows, and turn bounds, for one trajectory."""
     check_images(t, image_pad_id=spec.image_token_id, merge_size=spec.merge_size, error=BatchIntegrityError)
     n = len(t.token_ids)
     for span in t.turns:
         if not 0 <= span.obs_start <= span.gen_start <= span.gen_end <= n:
-            raise BatchIntegrityError(f"trajectory {t.uid}: turn {span.index} span "
-                                      f"[{span.obs_start}, {span.gen_start}, {span.gen_end}) outside 0..{n}")
+            raise BatchIntegrityError(
+                f"trajectory {t.uid}: turn {span.index} span "
+                f"[{span.obs_start}, {span.gen_start}, {span.gen_end}) outside 0..{n}"
+            )
 
 
-def _collect_topk(trajectories: Sequence["Trajectory"], tops: Sequence[TopLogprobs] | None) -> EngineTopK | None:
+def _collect_topk(trajectories: Sequence[Trajectory], tops: Sequence[TopLogprobs] | None) -> EngineTopK | None:
     if tops is None:
         tops = [getattr(t, "top_logprobs", ()) for t in trajectories]  # if trajectories ever carry it
     if len(tops) != len(trajectories):
@@ -213,8 +248,9 @@ def _collect_topk(trajectories: Sequence["Trajectory"], tops: Sequence[TopLogpro
     rows, positions, ids, lps = [], [], [], []
     for b, (t, top) in enumerate(zip(trajectories, tops)):
         if top and len(top) != len(t.response_ids):
-            raise BatchIntegrityError(f"trajectory {t.uid}: {len(top)} top-logprob entries for "
-                                      f"{len(t.response_ids)} response tokens")
+            raise BatchIntegrityError(
+                f"trajectory {t.uid}: {len(top)} top-logprob entries for {len(t.response_ids)} response tokens"
+            )
         for i, pairs in enumerate(top or ()):
             if pairs and t.loss_mask[i]:
                 rows.append(b)
@@ -226,8 +262,12 @@ def _collect_topk(trajectories: Sequence["Trajectory"], tops: Sequence[TopLogpro
     ks = {len(x) for x in ids}
     if len(ks) > 1:
         raise BatchIntegrityError(f"engine top-k sizes differ within the batch: {sorted(ks)}")
-    return EngineTopK(rows=torch.tensor(rows), positions=torch.tensor(positions),
-                      ids=torch.tensor(ids, dtype=torch.long), logprobs=torch.tensor(lps, dtype=torch.float32))
+    return EngineTopK(
+        rows=torch.tensor(rows),
+        positions=torch.tensor(positions),
+        ids=torch.tensor(ids, dtype=torch.long),
+        logprobs=torch.tensor(lps, dtype=torch.float32),
+    )
 
 
 def _select_topk(top: EngineTopK | None, rows: list[int], width: int) -> EngineTopK | None:
@@ -238,8 +278,12 @@ def _select_topk(top: EngineTopK | None, rows: list[int], width: int) -> EngineT
     if not keep:
         return None
     k = torch.tensor(keep)
-    return EngineTopK(rows=torch.tensor([remap[int(r)] for r in top.rows[k]]), positions=top.positions[k],
-                      ids=top.ids[k], logprobs=top.logprobs[k])
+    return EngineTopK(
+        rows=torch.tensor([remap[int(r)] for r in top.rows[k]]),
+        positions=top.positions[k],
+        ids=top.ids[k],
+        logprobs=top.logprobs[k],
+    )
 
 
 def _to(value, device):

@@ -218,7 +218,7 @@ def remove_partial(checkpoints: Path) -> None:
         if leftover.name.startswith(TMP_PREFIX):
             shutil.rmtree(leftover)
         elif leftover.name.startswith(TRASH_PREFIX):
-            target = leftover.with_name(leftover.name[len(TRASH_PREFIX):])
+            target = leftover.with_name(leftover.name[len(TRASH_PREFIX) :])
             if target.exists():
                 shutil.rmtree(leftover)
             else:

@@ -25,8 +25,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides")
     parser.add_argument("--help-config", action="store_true", help="print every config key with its help")
     parser.add_argument("--report", action="store_true", help="write <run>/report.html at the end")
-    parser.add_argument("--nproc", type=int, default=None, metavar="N",
-                        help="train on N processes of this machine with FSDP2 (runs torchrun --nproc-per-node N)")
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="train on N processes of this machine with FSDP2 (runs torchrun --nproc-per-node N)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,6 +60,17 @@ def torchrun(args: argparse.Namespace) -> int:
     """``vlrl train … --nproc N`` as ``torchrun --standalone --nproc-per-node N -m vlrl train …``; its status."""
     if args.nproc < 1:
         raise UsageError(f"--nproc must be >= 1, got {args.nproc}")
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-            "-m", "vlrl", "train", args.recipe, *args.overrides, *(["--report"] if args.report else [])]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={args.nproc}",
+        "-m",
+        "vlrl",
+        "train",
+        args.recipe,
+        *args.overrides,
+        *(["--report"] if args.report else []),
+    ]
     return subprocess.run(argv, check=False).returncode

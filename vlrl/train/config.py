@@ -12,6 +12,7 @@ import math
 import re
 import tomllib
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -54,8 +55,12 @@ class LoraSection:
     def __post_init__(self) -> None:
         _check(self.rank >= 1, "model.lora.rank", self.rank, "must be >= 1")
         _check(math.isfinite(self.alpha) and self.alpha > 0, "model.lora.alpha", self.alpha, "must be > 0")
-        _check(len(self.targets) >= 1 and all(isinstance(t, str) and t for t in self.targets), "model.lora.targets",
-               self.targets, "must name at least one linear layer (e.g. q_proj)")
+        _check(
+            len(self.targets) >= 1 and all(isinstance(t, str) and t for t in self.targets),
+            "model.lora.targets",
+            self.targets,
+            "must name at least one linear layer (e.g. q_proj)",
+        )
 
 
 @dataclass(frozen=True)
@@ -130,14 +135,21 @@ class RolloutSection:
     def __post_init__(self) -> None:
         for key in ("rows_per_step", "repeats", "max_tokens"):
             _check(getattr(self, key) >= 1, f"rollout.{key}", getattr(self, key), "must be >= 1")
-        _check(math.isfinite(self.temperature) and self.temperature > 0, "rollout.temperature", self.temperature,
-               "must be > 0 (training samples; the logprob contract divides by it)")
+        _check(
+            math.isfinite(self.temperature) and self.temperature > 0,
+            "rollout.temperature",
+            self.temperature,
+            "must be > 0 (training samples; the logprob contract divides by it)",
+        )
         _check(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "must be in (0, 1]")
-        _check(all(isinstance(x, str) and x for x in self.stop), "rollout.stop", self.stop,
-               "must be non-empty strings")
+        _check(all(isinstance(x, str) and x for x in self.stop), "rollout.stop", self.stop, "must be non-empty strings")
         _check(self.max_turns is None or self.max_turns >= 1, "rollout.max_turns", self.max_turns, "must be >= 1")
-        _check(math.isfinite(self.eval_temperature) and self.eval_temperature >= 0, "rollout.eval_temperature",
-               self.eval_temperature, "must be >= 0 (0 = greedy)")
+        _check(
+            math.isfinite(self.eval_temperature) and self.eval_temperature >= 0,
+            "rollout.eval_temperature",
+            self.eval_temperature,
+            "must be >= 0 (0 = greedy)",
+        )
         _check(self.logprobs_topk >= 0, "rollout.logprobs_topk", self.logprobs_topk, "must be >= 0")
 
 
@@ -184,16 +196,31 @@ class OptimSection:
     def __post_init__(self) -> None:
         _check(math.isfinite(self.lr) and self.lr > 0, "optim.lr", self.lr, "must be > 0")
         _check(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
-        _check(len(self.betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas),
-               "optim.betas", self.betas, "must be two numbers in [0, 1)")
+        _check(
+            len(self.betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas),
+            "optim.betas",
+            self.betas,
+            "must be two numbers in [0, 1)",
+        )
         _check(self.grad_clip >= 0, "optim.grad_clip", self.grad_clip, "must be >= 0 (0 = off)")
         for key in ("micro_batch_size", "mini_batches", "epochs"):
             _check(getattr(self, key) >= 1, f"optim.{key}", getattr(self, key), "must be >= 1")
         groups = ("vision", "merger", "language", "embed")  # = vlrl.train.trainer.PARAM_GROUPS' groups
-        _check(set(self.lr_scale) <= set(groups), "optim.lr_scale", self.lr_scale,
-               f"keys must be module groups: {', '.join(groups)}")
-        _check(all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-                   for v in self.lr_scale.values()), "optim.lr_scale", self.lr_scale, "factors must be numbers >= 0")
+        _check(
+            set(self.lr_scale) <= set(groups),
+            "optim.lr_scale",
+            self.lr_scale,
+            f"keys must be module groups: {', '.join(groups)}",
+        )
+        _check(
+            all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                for v in self.lr_scale.values()
+            ),
+            "optim.lr_scale",
+            self.lr_scale,
+            "factors must be numbers >= 0",
+        )
 
 
 @dataclass(frozen=True)
@@ -226,12 +253,20 @@ class RunSection:
         for key in ("steps", "eval_every", "checkpoint_every", "samples", "seed"):
             _check(getattr(self, key) >= 0, f"run.{key}", getattr(self, key), "must be >= 0")
         _check(bool(self.out), "run.out", self.out, "must name a directory")
-        _check(self.resume is None or bool(self.resume), "run.resume", self.resume,
-               'must be a checkpoint dir or "latest"')
+        _check(
+            self.resume is None or bool(self.resume), "run.resume", self.resume, 'must be a checkpoint dir or "latest"'
+        )
 
 
-SECTIONS = {"model": ModelSection, "data": DataSection, "rollout": RolloutSection, "sft": SFTSection,
-            "algo": AlgoConfig, "optim": OptimSection, "run": RunSection}
+SECTIONS = {
+    "model": ModelSection,
+    "data": DataSection,
+    "rollout": RolloutSection,
+    "sft": SFTSection,
+    "algo": AlgoConfig,
+    "optim": OptimSection,
+    "run": RunSection,
+}
 
 
 @dataclass(frozen=True)
@@ -259,7 +294,7 @@ class TrainConfig:
         return "\n".join(lines) + "\n"
 
 
-def load_config(recipe: str | Path, overrides: list[str] = ()) -> TrainConfig:
+def load_config(recipe: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
     """A recipe name (``color_square``) or TOML path, with ``section.key=value`` overrides applied."""
     path = Path(recipe)
     if not path.suffix:
@@ -307,8 +342,10 @@ def _check_names(config: TrainConfig) -> None:
         raise ConfigError(f"model.path = {config.model.path!r}: no such checkpoint directory")
     resume = config.run.resume
     if resume not in (None, "latest") and not (Path(resume) / "state.json").is_file():
-        raise ConfigError(f"run.resume = {resume!r}: not a checkpoint directory (no state.json); "
-                          'give one under <run>/checkpoints/ or "latest"')
+        raise ConfigError(
+            f"run.resume = {resume!r}: not a checkpoint directory (no state.json); "
+            'give one under <run>/checkpoints/ or "latest"'
+        )
 
     env = config.data.env
     if env not in registered_envs() and not env.startswith("gym/"):
@@ -330,7 +367,8 @@ def config_help() -> str:
         lines.append(f"[{section}]")
         docs = attribute_docs(cls)
         for f in dataclasses.fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            factory = f.default_factory
+            default = factory() if callable(factory) else f.default
             lines.append(f"  {section}.{f.name} = {default!r}\n      {docs.get(f.name, '')}")
             table = table_type(typing.get_type_hints(cls)[f.name])
             if table is not None:  # a table inside the section (model.lora): its keys too

@@ -91,4 +91,4 @@ def describe(hint: Any) -> str:
 
 def table_type(hint: Any) -> type | None:
     options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    return next((t for t in options if dataclasses.is_dataclass(t)), None)
+    return next((t for t in options if isinstance(t, type) and dataclasses.is_dataclass(t)), None)

@@ -178,10 +178,10 @@ def local_batch(batch: Batch, share: Share) -> Batch:
     if share.n_real == share.size:
         return local
     mask = local.loss_mask.clone()
-    mask[share.n_real:] = 0
+    mask[share.n_real :] = 0
     # The real rows' top-k, from a selection without the copies (which would claim their original's entries);
     # a copy of a real row, the padding never widens the batch.
-    real = batch.select(share.rows[:share.n_real]) if share.n_real else None
+    real = batch.select(share.rows[: share.n_real]) if share.n_real else None
     return local.replace(loss_mask=mask, engine_topk=None if real is None else real.engine_topk)
 
 
@@ -198,22 +198,33 @@ def local_rows(inputs: Any, share: Share) -> Any:
 def gather_forward(out: ForwardOutput, share: Share, batch: Batch) -> ForwardOutput:
     """Every rank's logprobs of its own rows, assembled as the global batch's ``ForwardOutput`` on every rank."""
     n = share.n_real
-    mine = (share.start, out.logprobs[:n].cpu(), out.computed[:n].cpu(),
-            None if out.probe is None else ProbeOutput(*(t.cpu() for t in dataclasses.astuple(out.probe))))
+    mine = (
+        share.start,
+        out.logprobs[:n].cpu(),
+        out.computed[:n].cpu(),
+        None if out.probe is None else ProbeOutput(*(t.cpu() for t in dataclasses.astuple(out.probe))),
+    )
     B, L = batch.input_ids.shape
     device = out.logprobs.device
     logprobs = torch.zeros((B, L), dtype=torch.float32)
     computed = torch.zeros((B, L), dtype=torch.bool)
     probes = []
     for start, lp, comp, probe in all_gather(mine):  # rank order = row order: the probes concatenate
-        logprobs[start:start + lp.shape[0], :lp.shape[1]] = lp
-        computed[start:start + lp.shape[0], :lp.shape[1]] = comp
+        logprobs[start : start + lp.shape[0], : lp.shape[1]] = lp
+        computed[start : start + lp.shape[0], : lp.shape[1]] = comp
         if probe is not None:
             probes.append(probe)
-    probe = ProbeOutput(*(torch.cat(parts).to(device) for parts in zip(*map(dataclasses.astuple, probes)))) \
-        if probes else None
-    return ForwardOutput(logprobs=logprobs.to(device), entropy=torch.zeros((B, L), device=device),
-                         computed=computed.to(device), probe=probe)
+    probe = (
+        ProbeOutput(*(torch.cat(parts).to(device) for parts in zip(*map(dataclasses.astuple, probes))))
+        if probes
+        else None
+    )
+    return ForwardOutput(
+        logprobs=logprobs.to(device),
+        entropy=torch.zeros((B, L), device=device),
+        computed=computed.to(device),
+        probe=probe,
+    )
 
 
 # ---------------------------------------------------------------------- metrics of a distributed update

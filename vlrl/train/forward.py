@@ -56,9 +56,16 @@ class ForwardOutput:
     probe: ProbeOutput | None = None
 
 
-def policy_forward(model, batch: Batch, *, chunk_size: int | None = DEFAULT_CHUNK,
-                   positions: Literal["loss_mask", "all"] = "loss_mask", with_entropy: bool = True,
-                   entropy_grad: bool = False, probe: bool = False) -> ForwardOutput:
+def policy_forward(
+    model,
+    batch: Batch,
+    *,
+    chunk_size: int | None = DEFAULT_CHUNK,
+    positions: Literal["loss_mask", "all"] = "loss_mask",
+    with_entropy: bool = True,
+    entropy_grad: bool = False,
+    probe: bool = False,
+) -> ForwardOutput:
     """Per-token contract logprobs (and entropy) of ``batch`` under ``model``.
 
     Works with gradients (training) and under ``torch.no_grad()`` (old / reference logprobs).
@@ -76,8 +83,16 @@ def policy_forward(model, batch: Batch, *, chunk_size: int | None = DEFAULT_CHUN
     want[:, 0] = False  # nothing predicts the first token
     rows, cols = want.nonzero(as_tuple=True)
     T = effective_temperature(batch.temperature)
-    lp, ent = chunked_token_stats(model.get_output_embeddings(), hidden[rows, cols - 1], ids[rows, cols], T,
-                                  banned=banned_ids(model), chunk_size=chunk_size, with_entropy=with_entropy, entropy_grad=entropy_grad)
+    lp, ent = chunked_token_stats(
+        model.get_output_embeddings(),
+        hidden[rows, cols - 1],
+        ids[rows, cols],
+        T,
+        banned=banned_ids(model),
+        chunk_size=chunk_size,
+        with_entropy=with_entropy,
+        entropy_grad=entropy_grad,
+    )
     logprobs = torch.zeros((B, L), dtype=torch.float32, device=device).index_put((rows, cols), lp)
     entropy = torch.zeros((B, L), dtype=torch.float32, device=device).index_put((rows, cols), ent)
     out_probe = _probe(model, batch, hidden, T, chunk_size) if probe else None
@@ -96,14 +111,23 @@ def decoder_hidden_states(model, batch: Batch) -> torch.Tensor:
     grid = None if batch.image_grid_thw is None else batch.image_grid_thw.to(device)
     pixels = None if batch.pixel_values is None else batch.pixel_values.to(device, model.dtype)
     pos = mrope_positions(model, ids, attn, grid)  # [3, B, L], the engine's own position code
-    out = model.model(input_ids=ids, attention_mask=attn, position_ids=pos, pixel_values=pixels,
-                      image_grid_thw=grid, use_cache=False)
+    out = model.model(
+        input_ids=ids, attention_mask=attn, position_ids=pos, pixel_values=pixels, image_grid_thw=grid, use_cache=False
+    )
     return out.last_hidden_state
 
 
-def chunked_token_stats(lm_head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, *,
-                        banned: torch.Tensor, chunk_size: int | None = DEFAULT_CHUNK,
-                        with_entropy: bool = True, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def chunked_token_stats(
+    lm_head,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    *,
+    banned: torch.Tensor,
+    chunk_size: int | None = DEFAULT_CHUNK,
+    with_entropy: bool = True,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Contract logprobs of ``targets`` ``[N]`` and entropies from ``hidden`` ``[N, H]``, both ``[N]`` fp32.
 
     ``banned`` ``[n]``: ids outside the contract's softmax (the vision placeholders; see
@@ -125,10 +149,11 @@ def chunked_token_stats(lm_head, hidden: torch.Tensor, targets: torch.Tensor, te
     grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
     lps, ents = [], []
     for s in range(0, n, step):
-        h, tgt = hidden[s:s + step], targets[s:s + step]
+        h, tgt = hidden[s : s + step], targets[s : s + step]
         if grad and chunk_size is not None:
-            lp, ent = checkpoint(_chunk, lm_head, h, tgt, temperature, banned, with_entropy, entropy_grad,
-                                 use_reentrant=False)
+            lp, ent = checkpoint(
+                _chunk, lm_head, h, tgt, temperature, banned, with_entropy, entropy_grad, use_reentrant=False
+            )
         else:
             lp, ent = _chunk(lm_head, h, tgt, temperature, banned, with_entropy, entropy_grad)
         lps.append(lp)
@@ -136,8 +161,15 @@ def chunked_token_stats(lm_head, hidden: torch.Tensor, targets: torch.Tensor, te
     return torch.cat(lps), torch.cat(ents)
 
 
-def _chunk(lm_head, h: torch.Tensor, targets: torch.Tensor, temperature: float, banned: torch.Tensor,
-           with_entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk(
+    lm_head,
+    h: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    banned: torch.Tensor,
+    with_entropy: bool,
+    entropy_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
     logp = contract_logprobs(fp32_logits(lm_head, h), temperature, banned)  # [C, V], the engine's own functions
     lp = logp.gather(1, targets[:, None])[:, 0]
     if not with_entropy:
@@ -158,10 +190,11 @@ def _probe(model, batch: Batch, hidden: torch.Tensor, temperature: float, chunk_
     step = len(top) if chunk_size is None else chunk_size
     ids, lps, at = [], [], []
     for s in range(0, len(top), step):
-        logp = contract_logprobs(fp32_logits(model.get_output_embeddings(), h[s:s + step]), temperature,
-                                 banned_ids(model))
+        logp = contract_logprobs(
+            fp32_logits(model.get_output_embeddings(), h[s : s + step]), temperature, banned_ids(model)
+        )
         v, i = torch.topk(logp, top.k, dim=-1)
         ids.append(i)
         lps.append(v)
-        at.append(logp.gather(1, eng_ids[s:s + step]))
+        at.append(logp.gather(1, eng_ids[s : s + step]))
     return ProbeOutput(topk_ids=torch.cat(ids), topk_logprobs=torch.cat(lps), at_engine_ids=torch.cat(at))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -39,7 +39,7 @@ HEAD_ALIAS = "_vlrl_lm_head"
 
 def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated blocks, each sharded as its own group: decoder layers, then vision blocks."""
-    inner = model.model
+    inner: Any = model.model  # a Qwen-VL ...ForConditionalGeneration's inner model
     found = list(inner.language_model.layers)
     visual = getattr(inner, "visual", None)
     if visual is not None:
@@ -60,7 +60,7 @@ def shard_model(model: torch.nn.Module, d: Dist, compute_dtype: torch.dtype) -> 
     block_mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
     for block in blocks(model):
         fully_shard(block, mesh=mesh, mp_policy=block_mp)
-    inner = model.model
+    inner: Any = model.model
     inner.add_module(HEAD_ALIAS, model.lm_head)
     try:
         fully_shard(inner, mesh=mesh, mp_policy=root_mp)
@@ -132,4 +132,4 @@ def full_weights(model: torch.nn.Module, d: Dist) -> dict[str, torch.Tensor] | N
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=d.world > 1))
     if not d.is_main:
         return None
-    return {n: state[n] for n in names}
+    return {n: cast(torch.Tensor, state[n]) for n in names}

@@ -62,8 +62,15 @@ def train(cfg: TrainConfig, on_start: Callable | None = None) -> dict:
         if cfg.run.image_probe:
             run.probe_images(cfg.run.steps, "after")
         run.save(log_sizes=sizes)
-        summary = {"name": cfg.name, "eval_before": state.eval_before, "eval_after": after, "steps": cfg.run.steps,
-                   "sft_steps": cfg.sft.steps, "seconds": round(time.time() - t0, 1), "out": str(run.log.dir)}
+        summary = {
+            "name": cfg.name,
+            "eval_before": state.eval_before,
+            "eval_after": after,
+            "steps": cfg.run.steps,
+            "sft_steps": cfg.sft.steps,
+            "seconds": round(time.time() - t0, 1),
+            "out": str(run.log.dir),
+        }
         run.log.write_json("summary.json", summary)
         return D.broadcast(summary)
     finally:
@@ -75,8 +82,10 @@ def rl_step(run: Run, step: int) -> dict:
     trajs = run.rollout(run.next_rows(cfg.rollout.rows_per_step), seed=cfg.run.seed * 1_000_003 + step)
     batch = require_batch(run, trajs, f"RL step {step + 1}")
     rewards = [t.total_reward for t in trajs]
-    values = {"reward_mean": sum(rewards) / len(rewards),
-              "response_len": sum(sum(t.loss_mask) for t in trajs) / len(trajs)}
+    values = {
+        "reward_mean": sum(rewards) / len(rewards),
+        "response_len": sum(sum(t.loss_mask) for t in trajs) / len(trajs),
+    }
     old = run.logprobs(batch, probe=batch.engine_topk is not None)  # + the full-distribution check
     agree = run.agreement(step + 1, batch, old)
     inputs, correction = run.trainer.prepare(batch, old)
@@ -119,6 +128,8 @@ def require_batch(run: Run, trajs: list, what: str):
     if batch is None:
         reasons = dict(Counter(t.stop_reason for t in trajs))
         error = next((t.error for t in trajs if t.error), None)
-        raise NothingToTrainError(f"{what}: none of the {len(trajs)} episodes generated a token to train on "
-                                  f"(stop reasons {reasons}" + (f"; first error: {error})" if error else ")"))
+        raise NothingToTrainError(
+            f"{what}: none of the {len(trajs)} episodes generated a token to train on "
+            f"(stop reasons {reasons}" + (f"; first error: {error})" if error else ")")
+        )
     return batch

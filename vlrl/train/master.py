@@ -36,8 +36,9 @@ class MasterAdamW(torch.optim.AdamW):
 
     @torch.no_grad()
     def step(self, closure=None):
-        low = [p for group in self.param_groups for p in group["params"]
-               if p.grad is not None and p.dtype != torch.float32]
+        low = [
+            p for group in self.param_groups for p in group["params"] if p.grad is not None and p.dtype != torch.float32
+        ]
         swapped = []
         for p in low:  # point the parameter at its master for the step, then round the result back
             master = self.state[p].get("master")
@@ -55,7 +56,8 @@ class MasterAdamW(torch.optim.AdamW):
         return loss
 
 
-def _keep_fp32_before_load(optimizer: MasterAdamW, state_dict: dict) -> None:
+def _keep_fp32_before_load(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+    assert isinstance(optimizer, MasterAdamW)
     # load_state_dict casts floating state to the parameter's dtype: remember the fp32 values, keyed by the
     # parameter they belong to. Saved keys (indices, or names under torch.distributed's state dicts) map to
     # parameters by position in the param groups, as load_state_dict maps them.
@@ -64,10 +66,13 @@ def _keep_fp32_before_load(optimizer: MasterAdamW, state_dict: dict) -> None:
     by_key = dict(zip(saved_keys, params, strict=False))
     optimizer._loading = {
         id(by_key[k]): {n: v.clone() for n, v in s.items() if n in KEEP_FP32 and torch.is_tensor(v)}
-        for k, s in state_dict.get("state", {}).items() if k in by_key}
+        for k, s in state_dict.get("state", {}).items()
+        if k in by_key
+    }
 
 
-def _restore_fp32_after_load(optimizer: MasterAdamW) -> None:
+def _restore_fp32_after_load(optimizer: torch.optim.Optimizer) -> None:
+    assert isinstance(optimizer, MasterAdamW)
     for group in optimizer.param_groups:
         for p in group["params"]:
             for key, value in optimizer._loading.get(id(p), {}).items():

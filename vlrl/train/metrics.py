@@ -78,8 +78,12 @@ class RunLog:
         self.tb.flush()
 
     def metrics(self, step: int, phase: str, values: dict) -> dict:
-        row = {"step": step, "phase": phase, "time": round(time.time() - self.t0, 3),
-               **{k: _num(v) for k, v in values.items()}}
+        row = {
+            "step": step,
+            "phase": phase,
+            "time": round(time.time() - self.t0, 3),
+            **{k: _num(v) for k, v in values.items()},
+        }
         self.append("metrics.jsonl", row)
         self._scalars(row)
         return row
@@ -100,17 +104,28 @@ class RunLog:
         # |Δ| = 0 lands in the first bin and |Δ| >= 1 in the last (histc drops values outside its range)
         d = diffs.abs().double().clamp(min=1e-12, max=0.99).log10() if diffs.numel() else torch.zeros(0)
         counts = torch.histc(d, bins=len(edges) - 1, min=edges[0], max=edges[-1]).long().tolist() if d.numel() else []
-        row = {"step": step, "max_abs": o.max_abs, "mean_abs": o.mean_abs, "k3": o.k3, "ratio_min": o.ratio_min,
-               "ratio_max": o.ratio_max, "breached": report.breached, "bound": report.bounds.max_abs,
-               "turns": [{"turn": t.turn, "max_abs": t.stats.max_abs, "mean_abs": t.stats.mean_abs}
-                         for t in report.turns],
-               "hist": {"edges": edges, "counts": counts}}
+        row = {
+            "step": step,
+            "max_abs": o.max_abs,
+            "mean_abs": o.mean_abs,
+            "k3": o.k3,
+            "ratio_min": o.ratio_min,
+            "ratio_max": o.ratio_max,
+            "breached": report.breached,
+            "bound": report.bounds.max_abs,
+            "turns": [{"turn": t.turn, "max_abs": t.stats.max_abs, "mean_abs": t.stats.mean_abs} for t in report.turns],
+            "hist": {"edges": edges, "counts": counts},
+        }
         if report.breakdown is not None:  # by context depth and first-vs-rest token of each turn
             row.update(report.breakdown.rows())
         if report.distribution is not None:
             dist = report.distribution
-            row["distribution"] = {"positions": dist.n_positions, "k": dist.k, "vocab_kl_max": dist.vocab_kl_max,
-                                   "topk_overlap_min": dist.tie_aware_overlap_min}
+            row["distribution"] = {
+                "positions": dist.n_positions,
+                "k": dist.k,
+                "vocab_kl_max": dist.vocab_kl_max,
+                "topk_overlap_min": dist.tie_aware_overlap_min,
+            }
         self.append("agreement.jsonl", row)
         return row
 

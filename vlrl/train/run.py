@@ -24,7 +24,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Literal, overload
 
 import torch
 
@@ -38,6 +40,7 @@ from vlrl.rollout.io import write_jsonl
 from vlrl.train import distributed as D
 from vlrl.train.batch import CollateSpec, collate
 from vlrl.train.checkpoint import (
+    RestoreOptimizer,
     RunState,
     checkpoint_name,
     latest_checkpoint,
@@ -60,6 +63,12 @@ def _dtype(name: str) -> torch.dtype:
 
 
 class Run:
+    renderer: Any  # rank 0's renderer and engine (embedded or vLLM); None on other ranks
+    engine: Any
+    _close_engine: Callable[[], None]
+    restore_sft_optimizer: RestoreOptimizer | None
+    """A mid-SFT checkpoint's SFT optimizer state, for the SFT trainer to load on resume."""
+
     def __init__(self, cfg: TrainConfig):
         from vlrl.data.tickets import eval_seeds, make_rows, train_seeds
         from vlrl.models.build import cached_model_dir
@@ -78,15 +87,21 @@ class Run:
         # Sharded bf16 runs keep fp32 parameters as the master weights and compute in model.dtype
         # (vlrl.train.fsdp); a plain run keeps them in the optimizer (vlrl.train.master).
         masters = self.dist.sharded and cfg.optim.master_weights == "float32"
-        model = load_model(self.model_dir, dtype=torch.float32 if masters else self.dtype,
-                           device=self.dist.device, attention=m.attention)
+        model = load_model(
+            self.model_dir,
+            dtype=torch.float32 if masters else self.dtype,
+            device=self.dist.device,
+            attention=m.attention,
+        )
         self.spec = CollateSpec.from_model(model)
-        self.renderer, self.engine, self._close_engine = self._inference_stack(model) if self.dist.is_main \
-            else (None, None, lambda: None)
+        self.renderer, self.engine, self._close_engine = (
+            self._inference_stack(model) if self.dist.is_main else (None, None, lambda: None)
+        )
         ref, self._mirror = self._reference(model), self._probe_model(model)  # copies of the base model
         if m.lora is not None:
-            apply_lora(model, rank=m.lora.rank, alpha=m.lora.alpha, targets=m.lora.targets, vision=m.lora.vision,
-                       seed=m.seed)
+            apply_lora(
+                model, rank=m.lora.rank, alpha=m.lora.alpha, targets=m.lora.targets, vision=m.lora.vision, seed=m.seed
+            )
         self._lora = lora_layers(model) if m.lora is not None else {}
         if self.dist.sharded:
             shard_model(model, self.dist, self.dtype)
@@ -98,7 +113,6 @@ class Run:
         self.eval_rows = make_rows(cfg.data.env, eval_seeds(cfg.data.eval_rows), cfg.data.extras)
         self.state = RunState()
         self.restore_sft_optimizer = None
-        """A mid-SFT checkpoint's SFT optimizer state, for the SFT trainer to load on resume."""
         self.log = RunLog(cfg.out_dir) if self.dist.is_main else D.NullLog(cfg.out_dir)
 
     def _inference_stack(self, model):
@@ -113,9 +127,11 @@ class Run:
             from vlrl.vllm.stack import vllm_stack
 
             c = self.cfg  # the server's limits come from the run: images an episode holds, the model's context
-            stack = vllm_stack(self.model_dir,
-                               max_images_per_prompt=episode_images(c.data.env, c.data.extras, c.rollout.max_turns),
-                               max_model_len=int(model.config.text_config.max_position_embeddings))
+            stack = vllm_stack(
+                self.model_dir,
+                max_images_per_prompt=episode_images(c.data.env, c.data.extras, c.rollout.max_turns),
+                max_model_len=int(model.config.text_config.max_position_embeddings),
+            )
             return stack.renderer, stack.engine, stack.close
         raise ValueError(f"rollout.engine must be 'embedded' or 'vllm', got {self.cfg.rollout.engine!r}")
 
@@ -147,8 +163,39 @@ class Run:
         self.state.data_position += n
         return rows
 
-    def rollout(self, rows, *, seed: int, temperature: float | None = None, repeats: int | None = None,
-                script=None, shared: bool = True) -> list | None:
+    @overload
+    def rollout(
+        self,
+        rows,
+        *,
+        seed: int,
+        temperature: float | None = None,
+        repeats: int | None = None,
+        script=None,
+        shared: Literal[True] = True,
+    ) -> list: ...
+    @overload
+    def rollout(
+        self,
+        rows,
+        *,
+        seed: int,
+        temperature: float | None = None,
+        repeats: int | None = None,
+        script=None,
+        shared: Literal[False],
+    ) -> list | None: ...
+
+    def rollout(
+        self,
+        rows,
+        *,
+        seed: int,
+        temperature: float | None = None,
+        repeats: int | None = None,
+        script=None,
+        shared: bool = True,
+    ) -> list | None:
         """Episodes of ``rows`` on rank 0's engine; every rank gets them (``shared``), else only rank 0 (None
         elsewhere)."""
         trajs = self._rollout(rows, seed, temperature, repeats, script) if self.dist.is_main else None
@@ -156,10 +203,21 @@ class Run:
 
     def _rollout(self, rows, seed: int, temperature: float | None, repeats: int | None, script) -> list:
         r = self.cfg.rollout
-        sampling = SamplingParams(temperature=r.temperature if temperature is None else temperature, top_p=r.top_p,
-                                  max_tokens=r.max_tokens, stop=tuple(r.stop), logprobs_topk=r.logprobs_topk)
-        config = RolloutConfig(sampling=sampling, repeats=r.repeats if repeats is None else repeats,
-                               max_turns=r.max_turns, mode=r.mode, seed=seed, progress=self.cfg.run.progress)
+        sampling = SamplingParams(
+            temperature=r.temperature if temperature is None else temperature,
+            top_p=r.top_p,
+            max_tokens=r.max_tokens,
+            stop=tuple(r.stop),
+            logprobs_topk=r.logprobs_topk,
+        )
+        config = RolloutConfig(
+            sampling=sampling,
+            repeats=r.repeats if repeats is None else repeats,
+            max_turns=r.max_turns,
+            mode=r.mode,
+            seed=seed,
+            progress=self.cfg.run.progress,
+        )
         return RolloutGenerator(self.renderer, self.engine, config).run(rows, script=script)
 
     def collate(self, trajectories):
@@ -171,8 +229,10 @@ class Run:
     def _share(self, batch) -> D.Share:
         if int((batch.image_counts == 0).sum()):
             # Every rank must run the vision tower in every micro-batch (FSDP all-gathers its blocks there).
-            raise D.ShardingError(f"{int((batch.image_counts == 0).sum())} of {batch.size} trajectories have no "
-                                  "image: a sharded run needs an image in every trajectory")
+            raise D.ShardingError(
+                f"{int((batch.image_counts == 0).sum())} of {batch.size} trajectories have no "
+                "image: a sharded run needs an image in every trajectory"
+            )
         return D.share_of(batch.size, self.dist.rank, self.dist.world)
 
     def logprobs(self, batch, *, probe: bool = False, model=None):
@@ -230,15 +290,17 @@ class Run:
         if verify is not None:  # an inference server (vLLM): a logprob probe against the trainer's model
             try:
                 delta = verify(self._verify_model(weights))
-            except Exception as exc:  # noqa: BLE001 — any failure to prove the sync is fatal
+            except Exception as exc:
                 raise WeightSyncError(f"after sync {self.state.weight_version}: {exc}") from exc
             self.log.append("weight_sync.jsonl", {"version": self.state.weight_version, "probe_max_abs": delta})
             return
         want = weights_checksum(named)
         got = self.engine.weights_checksum()
         if got != want:
-            raise WeightSyncError(f"after sync {self.state.weight_version} the engine's weights checksum is "
-                                  f"{got[:12]}…, the trainer's {want[:12]}…")
+            raise WeightSyncError(
+                f"after sync {self.state.weight_version} the engine's weights checksum is "
+                f"{got[:12]}…, the trainer's {want[:12]}…"
+            )
 
     def _verify_model(self, weights: dict[str, torch.Tensor]):
         if self._mirror is None:
@@ -255,8 +317,9 @@ class Run:
         rank runs the probe's forwards on the same episodes."""
         from vlrl.checks.image_sensitivity import image_sensitivity
 
-        trajs = self.rollout(self.eval_rows[:4], seed=10_000_079, temperature=self.cfg.rollout.eval_temperature,
-                             repeats=1)
+        trajs = self.rollout(
+            self.eval_rows[:4], seed=10_000_079, temperature=self.cfg.rollout.eval_temperature, repeats=1
+        )
         batch = self.collate(trajs)
         if batch is None:
             return None
@@ -269,8 +332,9 @@ class Run:
     def evaluate(self, step: int, label: str) -> float | None:
         """Mean return over the fixed eval rows at the eval temperature (greedy by default); rank 0 only
         (None elsewhere)."""
-        trajs = self.rollout(self.eval_rows, seed=10_000_019, temperature=self.cfg.rollout.eval_temperature,
-                             repeats=1, shared=False)
+        trajs = self.rollout(
+            self.eval_rows, seed=10_000_019, temperature=self.cfg.rollout.eval_temperature, repeats=1, shared=False
+        )
         if trajs is None:
             return None
         mean = sum(t.total_reward for t in trajs) / max(1, len(trajs))
@@ -283,8 +347,11 @@ class Run:
     def save(self, *, optimizer=None, log_sizes: dict[str, int] | None = None) -> Path:
         """Checkpoint now (atomically; every rank under FSDP). ``optimizer``: the SFT trainer's mid-SFT
         (default: the RL one). ``log_sizes``: where a resume from it trims the logs to (default: their sizes now)."""
-        state = dataclasses.replace(self.state, optimizer="rl" if optimizer is None else "sft",
-                                    log_sizes=self.log.sizes() if log_sizes is None else dict(log_sizes))
+        state = dataclasses.replace(
+            self.state,
+            optimizer="rl" if optimizer is None else "sft",
+            log_sizes=self.log.sizes() if log_sizes is None else dict(log_sizes),
+        )
         path = self.log.dir / "checkpoints" / checkpoint_name(state)
         return save_checkpoint(path, self.model, optimizer or self.trainer.optimizer, state)
 

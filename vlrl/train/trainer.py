@@ -51,8 +51,9 @@ def param_group(name: str) -> str:
     return next((group for key, group in PARAM_GROUPS if key in name), "language")
 
 
-def make_optimizer(model, lr: float, optim: OptimSection, lr_scale: Mapping[str, float] | None = None
-                   ) -> torch.optim.Optimizer:
+def make_optimizer(
+    model, lr: float, optim: OptimSection, lr_scale: Mapping[str, float] | None = None
+) -> torch.optim.Optimizer:
     """AdamW over the trainable parameters, one parameter group per module group (``param_group``)
     with learning rate ``lr * lr_scale.get(group, 1)``.
 
@@ -67,8 +68,9 @@ def make_optimizer(model, lr: float, optim: OptimSection, lr_scale: Mapping[str,
     scale = dict(lr_scale or {})
     unknown = set(scale) - {group for _, group in PARAM_GROUPS} - {"language"}
     if unknown:
-        raise ValueError(f"lr_scale has unknown module group(s) {sorted(unknown)}; groups: vision, merger, "
-                         "language, embed")
+        raise ValueError(
+            f"lr_scale has unknown module group(s) {sorted(unknown)}; groups: vision, merger, language, embed"
+        )
     groups: dict[str, list[torch.nn.Parameter]] = {}
     for name, p in model.named_parameters():
         if p.requires_grad:
@@ -97,21 +99,24 @@ class Trainer:
 
         Micro-batches bound memory, and on CUDA they also keep the numerics the engine has: one
         forward over a 32-row, 115k-patch maze batch drifted by mean |Δ| 1e-5 (max 5e-5, random tiny
-        model) where 4-row micro-batches agreed to 2e-6 (H100, fp32; measured at 5bd18d2 with a probe since folded into benchmarks/gpu_correctness.py).
+        model) where 4-row micro-batches agreed to 2e-6 (H100, fp32; measured at 5bd18d2, before the
+        attention fix of vlrl.models.attention, with a probe since folded into benchmarks/gpu_correctness.py).
         ``probe=True`` adds the trainer's top-k at the engine's top-k positions (``batch.engine_topk``).
         """
         model = model or self.model
         with gathered(model):  # FSDP: each block gathered once for all micro-batches
-            parts = [policy_forward(model, sub, with_entropy=False, probe=probe)
-                     for sub in batch.split(self.optim.micro_batch_size)]
+            parts = [
+                policy_forward(model, sub, with_entropy=False, probe=probe)
+                for sub in batch.split(self.optim.micro_batch_size)
+            ]
         B, L = batch.input_ids.shape
         out = torch.zeros((B, L), dtype=torch.float32, device=parts[0].logprobs.device)
         computed = torch.zeros((B, L), dtype=torch.bool, device=out.device)
         row = 0
         for part in parts:
             b, width = part.logprobs.shape
-            out[row:row + b, :width] = part.logprobs
-            computed[row:row + b, :width] = part.computed
+            out[row : row + b, :width] = part.logprobs
+            computed[row : row + b, :width] = part.computed
             row += b
         return ForwardOutput(logprobs=out, entropy=torch.zeros_like(out), computed=computed, probe=_cat_probes(parts))
 
@@ -119,8 +124,7 @@ class Trainer:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def prepare(self, batch: Batch, old: ForwardOutput, ref: torch.Tensor | None = None
-                ) -> tuple[StepInputs, dict]:
+    def prepare(self, batch: Batch, old: ForwardOutput, ref: torch.Tensor | None = None) -> tuple[StepInputs, dict]:
         """Advantages, correction weights and reference logprobs for one RL step. ``ref`` ``[B, L]``: the
         reference logprobs when the caller computed them already; else from ``ref_model`` when there is one."""
         batch = batch.to(self.device)
@@ -145,30 +149,36 @@ class Trainer:
             order = torch.randperm(batch.size, generator=gen).tolist()
             size = -(-batch.size // self.optim.mini_batches)
             for start in range(0, batch.size, size):
-                for k, v in self._update(batch, order[start:start + size], inputs).items():
+                for k, v in self._update(batch, order[start : start + size], inputs).items():
                     log.setdefault(k, []).append(v)
         return {k: sum(v) / len(v) for k, v in log.items()} | stats
 
     def _update(self, batch: Batch, rows: list[int], inputs: StepInputs) -> dict[str, float]:
         """One optimizer step over ``rows``, accumulated over micro-batches (exact, see vlrl.algos.aggregation)."""
         cfg = self.algo
-        micro = [rows[i:i + self.optim.micro_batch_size] for i in range(0, len(rows), self.optim.micro_batch_size)]
+        micro = [rows[i : i + self.optim.micro_batch_size] for i in range(0, len(rows), self.optim.micro_batch_size)]
         subs = [batch.select(m) for m in micro]
         counts = global_agg_counts(s.loss_mask for s in subs)  # every rank's tokens (FSDP sums gradients)
         agg = get_aggregation_fn(cfg.loss_agg)
-        total, metrics = 0.0, {}
+        total, metrics = 0.0, dict[str, float]()
         first_sum, first_n = 0.0, 0
         for i, (m, sub) in enumerate(zip(micro, subs, strict=True)):
             sync_gradients(self.model, i == len(subs) - 1)  # FSDP: reduce once, after the last micro-batch
             t = _rows(inputs, m, sub.input_ids.shape[1])
             out = policy_forward(self.model, sub)
-            loss_tok, pm = get_policy_loss_fn(cfg.policy_loss)(out.logprobs, t.old_logprobs, t.advantages,
-                                                               sub.loss_mask, cfg)
+            loss_tok, pm = get_policy_loss_fn(cfg.policy_loss)(
+                out.logprobs, t.old_logprobs, t.advantages, sub.loss_mask, cfg
+            )
             loss_tok = loss_tok * t.weights
             if cfg.kl_coef > 0 and not cfg.kl_in_reward and t.ref_logprobs is not None:
                 loss_tok = loss_tok + kl_loss(out.logprobs, t.ref_logprobs, sub.loss_mask, cfg)
-            loss = agg(loss_tok, sub.loss_mask, num_tokens=counts.num_tokens, num_seqs=counts.num_seqs,
-                       norm_len=cfg.loss_norm_len)
+            loss = agg(
+                loss_tok,
+                sub.loss_mask,
+                num_tokens=counts.num_tokens,
+                num_seqs=counts.num_seqs,
+                norm_len=cfg.loss_norm_len,
+            )
             loss.backward()
             total += float(loss.detach())
             share = float(sub.loss_mask.sum()) / max(1, counts.num_tokens)
@@ -184,8 +194,10 @@ class Trainer:
     def sft_step(self, batch: Batch) -> dict[str, float]:
         """Cross-entropy (token mean) on the batch's generated tokens, one optimizer step."""
         batch = batch.to(self.device)
-        micro = [list(range(i, min(i + self.optim.micro_batch_size, batch.size)))
-                 for i in range(0, batch.size, self.optim.micro_batch_size)]
+        micro = [
+            list(range(i, min(i + self.optim.micro_batch_size, batch.size)))
+            for i in range(0, batch.size, self.optim.micro_batch_size)
+        ]
         subs = [batch.select(m) for m in micro]
         n_tok = global_agg_counts(s.loss_mask for s in subs).num_tokens
         total = 0.0
@@ -226,7 +238,9 @@ def _cat_probes(parts: list[ForwardOutput]) -> ProbeOutput | None:
     probes = [p.probe for p in parts if p.probe is not None]
     if not probes:
         return None
-    return ProbeOutput(*(torch.cat([getattr(p, f) for p in probes]) for f in ("topk_ids", "topk_logprobs", "at_engine_ids")))
+    return ProbeOutput(
+        *(torch.cat([getattr(p, f) for p in probes]) for f in ("topk_ids", "topk_logprobs", "at_engine_ids"))
+    )
 
 
 def _rows(inputs: StepInputs, rows: list[int], width: int) -> StepInputs:
@@ -235,5 +249,6 @@ def _rows(inputs: StepInputs, rows: list[int], width: int) -> StepInputs:
     def take(t):
         return None if t is None else t[idx, :width]
 
-    return StepInputs(take(inputs.old_logprobs), take(inputs.advantages), take(inputs.weights),
-                      take(inputs.ref_logprobs))
+    return StepInputs(
+        take(inputs.old_logprobs), take(inputs.advantages), take(inputs.weights), take(inputs.ref_logprobs)
+    )
