@@ -23,11 +23,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from vlrl.envs.maze_curriculum import LevelPlan, train_level, write_results
 
 
-def parse_plan(text: str, overrides: tuple[str, ...], eval_every: int) -> LevelPlan:
-    """``level:sft_seconds:rl_seconds[:sft_pool]``."""
+def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
+    """``level:sft_seconds:rl_seconds[:sft_pool]``, with the run-wide options of ``args``."""
     level, sft, rl, *pool = text.split(":")
     extra = {"sft_pool": int(pool[0])} if pool else {}
-    return LevelPlan(level, float(sft), float(rl), overrides=overrides, eval_every=eval_every, **extra)
+    scale = tuple((k, float(v)) for k, v in (item.split("=") for item in args.sft_scale))
+    return LevelPlan(
+        level,
+        float(sft),
+        float(rl),
+        overrides=tuple(args.set),
+        eval_every=args.eval_every,
+        sft_lr_scale=scale,
+        model=args.model,
+        **extra,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--weights", default=None, help="model dir to start the first level from (default random init)")
     ap.add_argument("--set", action="append", default=[], help="section.key=value for every level")
+    ap.add_argument("--model", choices=["tiny", "small"], default="tiny", help="random-init model of the first level")
+    ap.add_argument("--sft-scale", action="append", default=[], help="group=factor on sft.lr (vision, merger, ...)")
     ap.add_argument("--eval-every", type=int, default=0, help="also evaluate every N RL steps")
     ap.add_argument("--json", default=None, help="results file (default <out>/results.json)")
     args = ap.parse_args(argv)
@@ -45,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results, weights, t0 = [], args.weights, time.time()
     for text in args.plan:
-        plan = parse_plan(text, tuple(args.set), args.eval_every)
+        plan = parse_plan(text, args)
         result = train_level(plan, out / plan.level, model_path=weights)
         results.append(result)
         weights = result.weights

@@ -16,13 +16,15 @@ torch and the trainer are imported inside the functions: importing this module s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 EVAL_SEED = 10_000_019
 """The eval rollouts' sampling seed (greedy anyway), the one ``Run.evaluate`` uses."""
@@ -44,6 +46,11 @@ class LevelPlan:
     """Evaluate every N RL steps as well (0: only after SFT and at the end)."""
     sft_pool: int = 48
     """SFT batches generated and then cycled over (see :func:`sft_phase`)."""
+    sft_lr_scale: tuple[tuple[str, float], ...] = ()
+    """SFT learning rate per module group as a factor of ``sft.lr`` (e.g. ``(("vision", 10.0),)``)."""
+    model: Literal["tiny", "small"] = "tiny"
+    """The random-init model of the first level: vlrl's ``tiny`` or :data:`SMALL` (later levels continue
+    from the weights the previous one ended with)."""
     eval_before: bool = False
     """Evaluate the starting weights too (0 % at random init: skipped to save the budget)."""
 
@@ -96,6 +103,60 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+SMALL = {
+    "hidden": 256,
+    "intermediate": 768,
+    "layers": 4,
+    "heads": 4,
+    "kv_heads": 2,
+    "vision_depth": 4,
+    "vision_hidden": 128,
+    "vision_intermediate": 384,
+    "vision_heads": 4,
+}
+"""A size between ``tiny`` (hidden 64, 2 layers, 2-block vision tower of width 64) and ``2b``, kept here
+rather than in ``vlrl.models.archs.SIZES`` (the config's ``model.size`` choices and their goldens stay as
+they are): runs use it through ``model.path``."""
+
+
+def small_checkpoint(arch: str = "qwen2_5_vl", seed: int = 0) -> Path:
+    """The random-init :data:`SMALL` checkpoint (tiny's tokenizer and image processor), built once into the
+    vlrl cache the way ``vlrl.models.build`` builds the named sizes (weights drawn per parameter name)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText, GenerationConfig
+
+    from vlrl.models.archs import SIZES, config_dict
+    from vlrl.models.build import build_processor, default_cache_root, init_weights_
+    from vlrl.models.tokenizer import MODEL_VOCAB_SIZE, special_tokens
+
+    path = default_cache_root() / "models" / f"{arch}-maze_small-seed{seed}"
+    if (path / "vlrl_model.json").exists():
+        return path
+    size = dataclasses.replace(SIZES["tiny"], **SMALL)
+    ids = special_tokens(arch)
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(
+        AutoConfig.for_model(**config_dict(arch, size, MODEL_VOCAB_SIZE, ids)), dtype=torch.float32
+    )
+    init_weights_(model, seed, size.init_std)
+    model.tie_weights()
+    model.generation_config = GenerationConfig(
+        eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]], pad_token_id=ids["<|endoftext|>"], do_sample=False
+    )
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")  # written aside, then renamed: never half-built
+    model.save_pretrained(tmp)
+    build_processor(arch, "tiny").save_pretrained(tmp)
+    n_params = sum(p.numel() for p in model.parameters())
+    manifest = {"arch": arch, "size": "maze_small", "seed": seed, "n_params": n_params, "builder": __name__}
+    (tmp / "vlrl_model.json").write_text(json.dumps(manifest) + "\n")
+    if (path / "vlrl_model.json").exists():  # another process built it meanwhile
+        shutil.rmtree(tmp)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+        tmp.rename(path)
+    return path
+
+
 def level_config(plan: LevelPlan, out: str | Path, model_path: str | Path | None = None):
     """The level's TrainConfig: the ``maze_curriculum`` recipe, its env, the plan's overrides."""
     from vlrl.train.config import load_config
@@ -145,7 +206,7 @@ def evaluate(run, step: int, label: str, keep: int = 4) -> EvalResult:
     return result
 
 
-def sft_phase(run, deadline: float, pool: int) -> tuple[int, int]:
+def sft_phase(run, deadline: float, pool: int, lr_scale=()) -> tuple[int, int]:
     """SFT steps (cross-entropy on expert episodes, its own AdamW, as ``vlrl.train.loop.sft``) until
     ``deadline``; the engine gets the weights at the end. Returns (steps, episodes generated).
 
@@ -153,6 +214,8 @@ def sft_phase(run, deadline: float, pool: int) -> tuple[int, int]:
     conversation) costs far more than an update of the tiny model, so the first ``pool`` steps each roll
     out a fresh batch and keep it; later steps cycle over the kept batches (epochs over a fixed set of
     ``pool * sft.rows_per_step`` demonstrations). A step starts only while the last step's time still fits.
+    The learning rate (``sft.lr`` times the group's factor in ``lr_scale``) decays linearly with the clock
+    to 10 % at the deadline.
     """
     from vlrl.train.experts import expert_for
     from vlrl.train.loop import require_batch
@@ -160,11 +223,16 @@ def sft_phase(run, deadline: float, pool: int) -> tuple[int, int]:
 
     cfg = run.cfg
     expert = expert_for(cfg.sft.expert or "maze2d")
-    trainer = Trainer(run.model, cfg.algo, cfg.optim, lr=cfg.sft.lr)
+    optim = dataclasses.replace(cfg.optim, lr=cfg.sft.lr, lr_scale=dict(lr_scale))
+    trainer = Trainer(run.model, cfg.algo, optim)  # lr=None: per-group rates from optim.lr_scale
+    base = [g["lr"] for g in trainer.optimizer.param_groups]
     batches: list = []
-    k, last = 0, 0.0
+    k, last, t0 = 0, 0.0, time.time()
     while k < cfg.sft.steps and time.time() + last < deadline:
         t = time.time()
+        decay = max(0.1, 1.0 - (t - t0) / max(1e-9, deadline - t0))  # linear to 10 % at the deadline
+        for group, lr in zip(trainer.optimizer.param_groups, base, strict=True):
+            group["lr"] = lr * decay
         if len(batches) < max(1, pool):
             trajs = run.rollout(run.next_rows(cfg.sft.rows_per_step), seed=k, repeats=1, script=expert)
             batches.append(require_batch(run, trajs, f"SFT step {k + 1}"))
@@ -215,6 +283,8 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
     from vlrl.train.run import Run
 
     t0 = time.time()
+    if model_path is None and plan.model == "small":
+        model_path = small_checkpoint()
     cfg = level_config(plan, out, model_path)
     run = Run(cfg)
     try:
@@ -223,7 +293,9 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
         evals: list[EvalResult] = []
         if plan.eval_before:
             evals.append(evaluate(run, 0, "before"))
-        sft_steps, episodes = sft_phase(run, t0 + plan.sft_seconds, plan.sft_pool) if cfg.sft.steps else (0, 0)
+        sft_steps, episodes = (
+            sft_phase(run, t0 + plan.sft_seconds, plan.sft_pool, plan.sft_lr_scale) if cfg.sft.steps else (0, 0)
+        )
         t_sft = time.time()
         e0 = time.time()
         evals.append(evaluate(run, 0, "after_sft" if sft_steps else "start"))
@@ -241,7 +313,13 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
             round(time.time() - t_sft, 1),
             tuple(evals),
             str(weights),
-            _config_row(cfg),
+            _config_row(cfg)
+            | {
+                "model": plan.model,
+                "n_params": sum(p.numel() for p in run.model.parameters()),
+                "sft_lr_scale": dict(plan.sft_lr_scale),
+                "sft_pool": plan.sft_pool,
+            },
         )
         summary = {
             "name": cfg.name,
