@@ -136,12 +136,13 @@ def rl_loop(service_client, renderer, cfg: LoopConfig, log: Callable[[dict], Non
                         },
                     )
                 )
+        grad_norm = 0.0
         if data:
             tc.forward_backward(data, "importance_sampling").result()
-            tc.optim_step(adam).result()
+            grad_norm = (tc.optim_step(adam).result().metrics or {}).get("grad_norm", 0.0)
         sampler = sampler_at(step + 1)
         mean_reward = float(np.mean([g[3].mean() for g in groups]))
-        entry = {"step": step + 1, "reward": mean_reward, "data": len(data)}
+        entry = {"step": step + 1, "reward": mean_reward, "data": len(data), "grad_norm": grad_norm}
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             entry["eval"] = evaluate(sampler, evals, renderer, cfg.max_tokens)
         history.append(entry)
