@@ -1,0 +1,78 @@
+"""The maze curriculum on a GPU from random init (`pytest -m gpu`; skipped cleanly without CUDA).
+
+Each level is one parametrized test, trained by :mod:`vlrl.envs.maze_curriculum` under the wall-clock
+budgets of the measured runs (benchmarks/results/maze_curriculum_h100/, README "Maze curriculum"), each
+level from the weights the one before it ended with (the first from random init). Pass criteria: greedy
+success on the level's fixed seeded eval split (>= 200 mazes) reaches the level's bar, and agreement held
+(``run.agreement=stop``: a breach would have ended the run; the record is checked again here) at every
+RL step. Where GRPO was measured to add over SFT alone, the test asserts that too (the 95 % intervals of
+the same eval mazes after SFT and after GRPO do not overlap).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from vlrl.checks.training import RunRecord, agreement_held
+from vlrl.envs.maze_curriculum import LevelPlan, LevelResult, train_level
+
+pytestmark = pytest.mark.gpu
+
+
+@dataclass(frozen=True)
+class Bar:
+    plan: LevelPlan
+    success: float
+    """Final greedy success needed on the eval split."""
+    grpo_adds: bool = False
+    """GRPO's interval must lie above SFT's on the same eval mazes."""
+
+
+SMALL_VIS10 = {
+    "model": "small",
+    "sft_lr_scale": (("vision", 10.0), ("merger", 10.0)),
+    "overrides": ("sft.lr=1e-3", "optim.lr=1e-4"),
+}
+"""The best variant measured (variants_5x5/small_vis10: 31 % after 230 s of SFT, its loss still falling)."""
+
+BARS = {
+    # The issue's bar for the smallest level, within one 10-minute command. NOT yet met: this plan (SFT
+    # 400 s) is the proposed next run (README "Maze curriculum"); the levels above 5x5 get their bars once
+    # a run has measured them.
+    "5x5": Bar(LevelPlan("5x5", sft_seconds=400, rl_seconds=110, sft_pool=64, **SMALL_VIS10), success=0.95),
+}
+
+
+@pytest.fixture(scope="module")
+def curriculum(tmp_path_factory):
+    """``curriculum(level) -> LevelResult``: trains the levels up to ``level`` once, in order."""
+    done: dict[str, LevelResult] = {}
+    root = tmp_path_factory.mktemp("maze_curriculum")
+
+    def get(level: str) -> LevelResult:
+        weights = None
+        for name, bar in BARS.items():
+            if name not in done:
+                done[name] = train_level(bar.plan, root / name, model_path=weights)
+            weights = done[name].weights
+            if name == level:
+                return done[name]
+        raise KeyError(level)
+
+    return get
+
+
+@pytest.mark.parametrize("level", list(BARS))
+def test_maze_level_reaches_its_bar_with_agreement_held(curriculum, level):
+    bar = BARS[level]
+    result = curriculum(level)
+    record = RunRecord.load(result.out)
+    agreement_held(record, steps=len(record.phase("rl")))
+    assert result.rl_steps == len(record.phase("rl")) > 0, result.rl_steps
+    after_sft, final = result.evals[0], result.evals[-1]
+    assert final.episodes >= 200, final
+    assert final.success >= bar.success, result.row()
+    if bar.grpo_adds:
+        assert final.low > after_sft.high, (after_sft, final)
