@@ -51,3 +51,43 @@ def test_noisy_expert_is_seeded_and_noise_zero_is_the_bfs_expert():
         game = env.gym_env.unwrapped
         want = [action_text(a, "keyword") for a in expert_actions(game.maze_map, game.agent, game.target)]
         assert _play("easy", seed, 0.0)[0] == want
+
+
+class _Rollouts:
+    """The ``run.rollout`` that :func:`expert_episodes` calls, on the tiny checkpoint's renderer."""
+
+    def __init__(self, bundle):
+        from vlrl.engines.types import SamplingParams
+        from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
+
+        sampling = SamplingParams(max_tokens=12, stop=("</action>",))
+        self.gen = RolloutGenerator(bundle.renderer, bundle.engine, RolloutConfig(sampling=sampling, progress=False))
+
+    def rollout(self, rows, *, seed, repeats, script):
+        return self.gen.run(rows, script=script)
+
+
+def test_masked_detours_stay_in_the_history_and_leave_the_loss(tiny):
+    """Same rows, same tokens; the masked episodes' loss covers exactly the unmasked loss minus the
+    generated tokens of the detour turns (the way back and ``stop`` stay trained)."""
+    from vlrl.data.tickets import make_rows
+    from vlrl.envs.maze_sft_data import DetourRecorder, expert_episodes
+
+    rows = make_rows("maze2d/5x5", list(range(12)), {"expert_noise": 0.4})
+    run = _Rollouts(tiny("qwen2_5_vl"))
+    plain, masked = expert_episodes(run, rows, 0, masked=False), expert_episodes(run, rows, 0, masked=True)
+    recorder = DetourRecorder()
+    run.rollout(rows, seed=0, repeats=1, script=recorder)
+    n_detours = 0
+    for p, m, row in zip(plain, masked, rows, strict=True):
+        assert p.token_ids == m.token_ids
+        flags = recorder.detours[row.seed]
+        assert len(flags) == len(p.turns) and not flags[-1]  # stop is never a detour
+        base = len(p.prompt_ids)
+        for span, detour in zip(p.turns, flags, strict=True):
+            gen = slice(span.gen_start - base, span.gen_end - base)
+            assert sum(p.loss_mask[gen]) > 0
+            assert sum(m.loss_mask[gen]) == (0 if detour else sum(p.loss_mask[gen]))
+            n_detours += detour
+        assert sum(m.loss_mask) < sum(p.loss_mask) or not any(flags)
+    assert n_detours >= 3, n_detours

@@ -48,6 +48,8 @@ class LevelPlan:
     """SFT batches generated and then cycled over (see :func:`sft_phase`)."""
     sft_lr_scale: tuple[tuple[str, float], ...] = ()
     """SFT learning rate per module group as a factor of ``sft.lr`` (e.g. ``(("vision", 10.0),)``)."""
+    mask_detours: bool = False
+    """Keep the recovery expert's detour turns out of the SFT loss (see :mod:`vlrl.envs.maze_sft_data`)."""
     model: Literal["tiny", "small"] = "tiny"
     """The random-init model of the first level: vlrl's ``tiny`` or :data:`SMALL` (later levels continue
     from the weights the previous one ended with)."""
@@ -206,7 +208,7 @@ def evaluate(run, step: int, label: str, keep: int = 4) -> EvalResult:
     return result
 
 
-def sft_phase(run, deadline: float, pool: int, lr_scale=()) -> tuple[int, int]:
+def sft_phase(run, deadline: float, pool: int, lr_scale=(), mask_detours: bool = False) -> tuple[int, int]:
     """SFT steps (cross-entropy on expert episodes, its own AdamW, as ``vlrl.train.loop.sft``) until
     ``deadline``; the engine gets the weights at the end. Returns (steps, episodes generated).
 
@@ -215,14 +217,14 @@ def sft_phase(run, deadline: float, pool: int, lr_scale=()) -> tuple[int, int]:
     out a fresh batch and keep it; later steps cycle over the kept batches (epochs over a fixed set of
     ``pool * sft.rows_per_step`` demonstrations). A step starts only while the last step's time still fits.
     The learning rate (``sft.lr`` times the group's factor in ``lr_scale``) decays linearly with the clock
-    to 10 % at the deadline.
+    to 10 % at the deadline. ``mask_detours``: the recovery expert's detour turns stay in the history but
+    out of the loss (:mod:`vlrl.envs.maze_sft_data`).
     """
-    from vlrl.train.experts import expert_for
+    from vlrl.envs.maze_sft_data import expert_episodes
     from vlrl.train.loop import require_batch
     from vlrl.train.trainer import Trainer
 
     cfg = run.cfg
-    expert = expert_for(cfg.sft.expert or "maze2d")
     optim = dataclasses.replace(cfg.optim, lr=cfg.sft.lr, lr_scale=dict(lr_scale))
     trainer = Trainer(run.model, cfg.algo, optim)  # lr=None: per-group rates from optim.lr_scale
     base = [g["lr"] for g in trainer.optimizer.param_groups]
@@ -234,7 +236,7 @@ def sft_phase(run, deadline: float, pool: int, lr_scale=()) -> tuple[int, int]:
         for group, lr in zip(trainer.optimizer.param_groups, base, strict=True):
             group["lr"] = lr * decay
         if len(batches) < max(1, pool):
-            trajs = run.rollout(run.next_rows(cfg.sft.rows_per_step), seed=k, repeats=1, script=expert)
+            trajs = expert_episodes(run, run.next_rows(cfg.sft.rows_per_step), k, masked=mask_detours)
             batches.append(require_batch(run, trajs, f"SFT step {k + 1}"))
             batch = batches[-1]
         else:
@@ -294,7 +296,9 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
         if plan.eval_before:
             evals.append(evaluate(run, 0, "before"))
         sft_steps, episodes = (
-            sft_phase(run, t0 + plan.sft_seconds, plan.sft_pool, plan.sft_lr_scale) if cfg.sft.steps else (0, 0)
+            sft_phase(run, t0 + plan.sft_seconds, plan.sft_pool, plan.sft_lr_scale, plan.mask_detours)
+            if cfg.sft.steps
+            else (0, 0)
         )
         t_sft = time.time()
         e0 = time.time()
@@ -318,6 +322,7 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
                 "model": plan.model,
                 "n_params": sum(p.numel() for p in run.model.parameters()),
                 "sft_lr_scale": dict(plan.sft_lr_scale),
+                "mask_detours": plan.mask_detours,
                 "sft_pool": plan.sft_pool,
             },
         )

@@ -17,7 +17,7 @@ from typing import Any
 
 from vlrl.envs.contract import EnvError
 from vlrl.envs.maze2d import ACTION_NAMES, DELTAS, STOP, Maze2DEnv
-from vlrl.envs.maze_solver import expert_actions, shortest_path_actions
+from vlrl.envs.maze_solver import shortest_path_actions
 from vlrl.envs.text_env import GymTextEnv, ParsedAction
 
 # Turn budgets cover every maze's expert (moves + stop): the longest shortest paths in 20k mazes
@@ -168,23 +168,26 @@ def maze2d_expert(env: GymTextEnv, row: Mapping[str, Any]) -> Iterator[str]:
     wall feedback. A detour is only taken while the turn budget still fits it, the way back and ``stop``,
     so every demonstration ends on the goal. Seeded by the row's seed: the same row, the same episode.
     """
+    for text, _ in expert_turns(env, row):
+        yield text
+
+
+def expert_turns(env: GymTextEnv, row: Mapping[str, Any]) -> Iterator[tuple[str, bool]]:
+    """:func:`maze2d_expert`'s turns as ``(text, detour)``: ``detour`` marks the noise moves (for a
+    trainer that keeps them in the history but out of the loss)."""
     game = env.gym_env.unwrapped
     extras = row.get("extras") or {}
     mode = str(extras.get("action_mode", "keyword"))
     noise = float(extras.get("expert_noise", 0.0))
-    if noise <= 0:
-        for action in expert_actions(game.maze_map, game.agent, game.target):
-            yield action_text(action, mode)
-        return
     rng = random.Random(f"maze2d-expert-noise/{row.get('seed')}")
     while True:
         path = shortest_path_actions(game.maze_map, game.agent, game.target)
-        action = path[0] if path else STOP
-        if rng.random() < noise:
-            detour = rng.choice([a for a in DELTAS if a != action])
-            if len(path_after(game.maze_map, game.agent, game.target, detour)) + 2 <= env.max_turns - env.turn:
-                action = detour
-        yield action_text(action, mode)
+        action, detour = (path[0] if path else STOP), False
+        if noise > 0 and rng.random() < noise:
+            move = rng.choice([a for a in DELTAS if a != action])
+            if len(path_after(game.maze_map, game.agent, game.target, move)) + 2 <= env.max_turns - env.turn:
+                action, detour = move, True
+        yield action_text(action, mode), detour
         if action == STOP:
             return
 
