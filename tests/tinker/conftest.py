@@ -16,8 +16,9 @@ def tinker_server(vlrl_model_dir):
     from vlrl.tinker.server import build_service, serve_in_thread
     from vlrl.tinker.service import ServiceConfig
 
-    cfg = ServiceConfig(base_model=str(vlrl_model_dir(ARCH)), model_name=MODEL_NAME, long_poll_s=2.0,
-                        lr_scale={"embed": 0.1})  # as recipe color_square_rl (test_same_update checks it applies)
+    cfg = ServiceConfig(
+        base_model=str(vlrl_model_dir(ARCH)), model_name=MODEL_NAME, long_poll_s=2.0, lr_scale={"embed": 0.1}
+    )  # as recipe color_square_rl (test_same_update checks it applies)
     service = build_service(cfg)
     running = serve_in_thread(service)
     saved = {k: os.environ.get(k) for k in running.env()}

@@ -5,6 +5,10 @@ rewards into group-relative advantages and trains with the ``importance_sampling
 ``optim_step``). vlrl supplies the env, the rows, and the client-side rendering of a conversation into
 text + image chunks (``vlrl.tinker.client``).
 
+Each completion is one ``sample`` request seeded as vlrl's rollout seeds it (``turn_seed`` of the run seed,
+step, row and repeat), so from the same weights it draws the completions ``vlrl train`` draws; with
+``tests/tinker/test_same_update.py`` (one API step = one Trainer step) the loop retraces ``vlrl train``.
+
 Advantages are GRPO's (``(r - mean) / (std + eps)`` per group, as vlrl's ``grpo``), divided by the
 step's number of generated tokens so the summed Tinker loss is vlrl's ``token_mean``.
 """
@@ -19,6 +23,7 @@ from tinker import types
 
 from vlrl.data.tickets import eval_seeds, make_rows, train_seeds
 from vlrl.envs import env_from_row
+from vlrl.rollout.generator import turn_seed
 from vlrl.tinker.client import append_tokens, conversation_input
 
 
@@ -30,9 +35,7 @@ class LoopConfig:
     train_rows: int = 512
     eval_rows: int = 64
     seed: int = 0
-    """The train rows' seed (``run.seed`` of the recipe)."""
-    sample_seed: int = 0
-    """Base of the sampling seeds (each request's seed derives from it, the step and the row)."""
+    """``run.seed`` of the recipe: the train rows and the sampling seeds derive from it as in ``vlrl train``."""
     rows_per_step: int = 8
     repeats: int = 8
     max_tokens: int = 4
@@ -99,21 +102,22 @@ def rl_loop(service_client, renderer, cfg: LoopConfig, log: Callable[[dict], Non
     for step in range(cfg.steps):
         rows = [train[(step * cfg.rows_per_step + i) % len(train)] for i in range(cfg.rows_per_step)]
         episodes = [_episode(row, renderer) for row in rows]
-        futures = [
-            sampler.sample(
-                mi,
-                cfg.repeats,
+        # one request per completion, seeded as vlrl's rollout seeds it (run seed, step, row, repeat), so this loop
+        # draws the completions ``vlrl train`` draws from the same weights
+        base = cfg.seed * 1_000_003 + step
+        params = [
+            [
                 types.SamplingParams(
-                    max_tokens=cfg.max_tokens,
-                    temperature=cfg.temperature,
-                    seed=cfg.sample_seed * 1_000_003 + 1_000 * step + 10 * i,
-                ),
-            )
-            for i, (mi, _) in enumerate(episodes)
+                    max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=turn_seed(base, g, r, 0)
+                )
+                for r in range(cfg.repeats)
+            ]
+            for g in range(len(rows))
         ]
+        futures = [[sampler.sample(mi, 1, p) for p in params[g]] for g, (mi, _) in enumerate(episodes)]
         groups = []
-        for row, (mi, rendered), fut in zip(rows, episodes, futures):
-            seqs = fut.result().sequences
+        for row, (mi, rendered), futs in zip(rows, episodes, futures):
+            seqs = [f.result().sequences[0] for f in futs]
             rewards = np.array(
                 [_reward(row, renderer.tokenizer.decode(s.tokens, skip_special_tokens=True)) for s in seqs]
             )

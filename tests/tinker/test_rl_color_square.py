@@ -1,6 +1,13 @@
 """RL through the Tinker API: the cookbook-style loop (tests/tinker/rl_loop.py, SDK calls only, importance_sampling)
-takes color_square from the format-only warm start to eval >= 0.9 — the learning of ``vlrl train`` with
-recipe vlrl/recipes/color_square_rl.toml (8 rows x 8 repeats, lr 3e-3, embedding lr x0.1), through the wire."""
+takes color_square from the format-only warm start to eval >= 0.9 — the learning of ``vlrl train`` with recipe
+vlrl/recipes/color_square_rl.toml (8 rows x 8 repeats, lr 3e-3, embedding lr x0.1), through the wire.
+
+Measured (2 shared CPU cores): warm start 0.23; the loop retraced ``vlrl train``'s own run from the same warm start
+step for step (rewards and gradient norms equal at steps 1-13, eval 0.19 at step 10 on both), then drifted apart
+by float noise: eval 0.44 / 0.77 / 1.00 at steps 20 / 30 / 40 (``vlrl train``: 0.44 / 0.77 / 0.72, 1.00 at 50);
+3 min in all. With sampling seeds of its own (one request of 8 samples per row) four runs stopped at 0.58-0.81
+by step 60 — the recipe header records the same spread across seeds for ``vlrl train``.
+"""
 
 from __future__ import annotations
 

@@ -24,16 +24,19 @@ def _vlrl_batch(prompts, samples, rewards):
     """vlrl's Batch of the same completions: prompt + tokens, loss mask / rollout logprobs / reward on them."""
     import dataclasses
 
-    rows = [dataclasses.replace(r, token_ids=r.token_ids + tuple(s.tokens)) for r, seqs in zip(prompts, samples)
-            for s in seqs]
+    rows = [
+        dataclasses.replace(r, token_ids=r.token_ids + tuple(s.tokens))
+        for r, seqs in zip(prompts, samples)
+        for s in seqs
+    ]
     batch = prompt_batch(rows, pad_id=0)
     mask, old, rew = (torch.zeros_like(batch.loss_mask) for _ in range(3))
     b = 0
     for r, seqs, rs in zip(prompts, samples, rewards):
         for s, reward in zip(seqs, rs):
             p, n = len(r.token_ids), len(s.tokens)
-            mask[b, p:p + n] = 1
-            old[b, p:p + n] = torch.tensor(s.logprobs)
+            mask[b, p : p + n] = 1
+            old[b, p : p + n] = torch.tensor(s.logprobs)
             rew[b, p + n - 1] = reward
             b += 1
     groups = torch.arange(len(prompts)).repeat_interleave(REPEATS)
@@ -46,8 +49,10 @@ def test_an_api_rl_step_equals_vlrl_trainers_step(service_client, renderer, tink
     tc = service_client.create_lora_training_client(base_model=MODEL_NAME, rank=0).result()
     sampler = tc.save_weights_and_get_sampling_client().result()
     episodes = [conversation_input(image_conversation(20 + i), renderer) for i in range(2)]
-    samples = [sampler.sample(mi, REPEATS, types.SamplingParams(max_tokens=5, seed=7 * i)).result().sequences
-               for i, (mi, _) in enumerate(episodes)]
+    samples = [
+        sampler.sample(mi, REPEATS, types.SamplingParams(max_tokens=5, seed=7 * i)).result().sequences
+        for i, (mi, _) in enumerate(episodes)
+    ]
     rewards = [np.array([float(s.tokens[0] % 3 == 0) + 0.5 * j for j, s in enumerate(seqs)]) for seqs in samples]
 
     # the API side, as tests/tinker/rl_loop.py writes it
@@ -58,9 +63,16 @@ def test_an_api_rl_step_equals_vlrl_trainers_step(service_client, renderer, tink
         p = len(rendered.token_ids)
         for s, a in zip(seqs, adv):
             toks = list(s.tokens)
-            data.append(types.Datum(model_input=append_tokens(mi, toks[:-1]), loss_fn_inputs={
-                "target_tokens": list(rendered.token_ids[1:]) + toks, "logprobs": [0.0] * (p - 1) + list(s.logprobs),
-                "advantages": [0.0] * (p - 1) + [float(a) / n_tokens] * len(toks)}))
+            data.append(
+                types.Datum(
+                    model_input=append_tokens(mi, toks[:-1]),
+                    loss_fn_inputs={
+                        "target_tokens": list(rendered.token_ids[1:]) + toks,
+                        "logprobs": [0.0] * (p - 1) + list(s.logprobs),
+                        "advantages": [0.0] * (p - 1) + [float(a) / n_tokens] * len(toks),
+                    },
+                )
+            )
     tc.forward_backward(data, "importance_sampling").result()
     served = tinker_server.service.models[tc.model_id].model
     api_grads = {n: p.grad.clone() for n, p in served.named_parameters() if p.grad is not None}
