@@ -345,7 +345,7 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
 
 def _config_row(cfg) -> dict[str, Any]:
     return {
-        "size": cfg.model.size,
+        "size": cfg.model.size if cfg.model.path is None else f"model.path {cfg.model.path}",
         "dtype": cfg.model.dtype,
         "device": cfg.model.device,
         "env": cfg.data.env,
