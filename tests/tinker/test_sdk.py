@@ -72,7 +72,7 @@ def test_cross_entropy_on_text_and_image_chunks_lowers_the_loss(full_ft, rendere
             total += -float(np.nansum(lps * weights))
         assert out.metrics["loss:sum"] == pytest.approx(total, rel=1e-5)
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
-    assert losses[-1] < 0.9 * losses[0], losses
+    assert losses[-1] < 0.95 * losses[0], losses
     model = tinker_server.service.models[full_ft.model_id]
     assert all(p.grad is None for p in model.model.parameters()), "optim_step leaves no gradient behind"
 

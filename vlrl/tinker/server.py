@@ -22,8 +22,9 @@ def new_api_key() -> str:
     return "tml-" + secrets.token_urlsafe(24)
 
 
-def build_service(cfg: ServiceConfig, *, dtype: str = "float32") -> Service:
-    """Load the renderer, engine and base weights for ``cfg.base_model``."""
+def build_service(cfg: ServiceConfig, *, dtype: str = "float32", vllm: Any = None) -> Service:
+    """Load the renderer, engine and base weights for ``cfg.base_model``. ``vllm``: a running
+    ``vlrl.vllm.stack.VllmStack`` for that checkpoint to use (default: start one; closed with the service)."""
     import torch
 
     from vlrl.models.load import load_model, load_processor
@@ -34,13 +35,17 @@ def build_service(cfg: ServiceConfig, *, dtype: str = "float32") -> Service:
     processor = load_processor(path)
     tokenizer = processor.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    closer: Any = None
     if cfg.engine == "vllm":
         from vlrl.vllm.stack import vllm_stack
 
-        stack = vllm_stack(path)
+        stack = vllm
+        if stack is None:
+            stack = vllm_stack(path)
+            closer = stack.close
         renderer: Any = stack.renderer
-        pool = SamplerPool(stack.engine, None, keep=cfg.keep_samplers)
-        closer: Any = stack.close
+        base = {n: p.detach() for n, p in load_model(path, dtype=torch_dtype).named_parameters()}
+        pool = SamplerPool(stack.engine, base, keep=cfg.keep_samplers)
     else:
         from vlrl.engines.embedded import EmbeddedEngine
         from vlrl.render.embedded import EmbeddedRenderer
@@ -49,7 +54,6 @@ def build_service(cfg: ServiceConfig, *, dtype: str = "float32") -> Service:
         engine = EmbeddedEngine(load_model(path, dtype=torch_dtype), tokenizer)
         base = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
         pool = SamplerPool(engine, base, keep=cfg.keep_samplers)
-        closer = None
     service = Service(
         cfg,
         renderer=renderer,
