@@ -23,15 +23,30 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-STEPS = ("model.size=2b", "model.device=cuda", "model.dtype=bfloat16", "sft.steps=2", "sft.rows_per_step=8",
-         "sft.lr=1e-4", "run.steps=1", "rollout.rows_per_step=4", "rollout.repeats=2", "data.eval_rows=4",
-         "data.train_rows=16", "run.eval_every=0", "run.samples=0", "run.progress=False", "optim.lr=1e-5")
+STEPS = (
+    "model.size=2b",
+    "model.device=cuda",
+    "model.dtype=bfloat16",
+    "sft.steps=2",
+    "sft.rows_per_step=8",
+    "sft.lr=1e-4",
+    "run.steps=1",
+    "rollout.rows_per_step=4",
+    "rollout.repeats=2",
+    "data.eval_rows=4",
+    "data.train_rows=16",
+    "run.eval_every=0",
+    "run.samples=0",
+    "run.progress=False",
+    "optim.lr=1e-5",
+)
 
 
 def _train(out: Path, *launcher: str) -> Path:
     argv = [sys.executable, *launcher, "-m", "vlrl", "train", "color_square", *STEPS, f"run.out={out}"]
-    done = subprocess.run(argv, env={**os.environ, "VLRL_DEBUG": "1"}, capture_output=True, text=True, timeout=900,
-                          check=False)
+    done = subprocess.run(
+        argv, env={**os.environ, "VLRL_DEBUG": "1"}, capture_output=True, text=True, timeout=900, check=False
+    )
     assert done.returncode == 0, f"{' '.join(argv[:6])} exited {done.returncode}:\n{done.stderr[-6000:]}"
     return out
 
@@ -46,9 +61,12 @@ def _expert_batch(model_dir: Path):
     from vlrl.train.experts import expert_for
 
     config = RolloutConfig(sampling=SamplingParams(max_tokens=4), repeats=1, progress=False, max_context=4096)
-    gen = RolloutGenerator(EmbeddedRenderer.from_pretrained(model_dir), None, config,
-                           tokenizer=load_processor(model_dir).tokenizer)
-    return gen.run(make_rows("color_square", eval_seeds(16), {"square_sizes": [40, 56]}), script=expert_for("color_square"))
+    gen = RolloutGenerator(
+        EmbeddedRenderer.from_pretrained(model_dir), None, config, tokenizer=load_processor(model_dir).tokenizer
+    )
+    return gen.run(
+        make_rows("color_square", eval_seeds(16), {"square_sizes": [40, 56]}), script=expert_for("color_square")
+    )
 
 
 def _policy(model_dir: Path, checkpoint: Path, master_fp32: bool):
@@ -77,11 +95,15 @@ def test_fsdp_on_one_gpu_takes_the_plain_trainers_steps(vlrl_model_dir, tmp_path
     bound = bounds_for("bfloat16").agreement
 
     def trained_logprobs(run: Path, master_fp32: bool) -> torch.Tensor:
+        policy = _policy(model_dir, run / "checkpoints" / "step_000001", master_fp32)
         with torch.no_grad():
-            lp = policy_forward(_policy(model_dir, run / "checkpoints" / "step_000001", master_fp32), batch)
-        # A 2b checkpoint with fp32 masters and moments is ~30 GB: one run's at a time on a 64 GB disk.
+            lp = policy_forward(policy, batch).logprobs.cpu()
+        # A 2b checkpoint with fp32 masters and moments is ~30 GB: one run's at a time on a 64 GB disk; and
+        # the next training run needs the GPU memory this process used.
         shutil.rmtree(run / "checkpoints")
-        return lp.logprobs.cpu()
+        del policy
+        torch.cuda.empty_cache()
+        return lp
 
     plain = _train(tmp_path / "plain")
     lp_plain = trained_logprobs(plain, False)
@@ -97,6 +119,8 @@ def test_fsdp_on_one_gpu_takes_the_plain_trainers_steps(vlrl_model_dir, tmp_path
 
     mask = batch.loss_mask.bool()
     delta = (lp_plain - lp_fsdp)[mask].abs()
-    print(f"plain vs FSDP2 after 2 SFT + 1 RL steps: mean |Δ| {float(delta.mean()):.4f}, max {float(delta.max()):.4f}; "
-          f"run seconds plain {a.summary['seconds']}, fsdp {b.summary['seconds']}")
+    print(
+        f"plain vs FSDP2 after 2 SFT + 1 RL steps: mean |Δ| {float(delta.mean()):.4f}, max {float(delta.max()):.4f}; "
+        f"run seconds plain {a.summary['seconds']}, fsdp {b.summary['seconds']}"
+    )
     assert float(delta.mean()) <= bound.mean_abs and float(delta.max()) <= bound.max_abs

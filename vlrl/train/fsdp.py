@@ -92,19 +92,24 @@ def sync_gradients(model: torch.nn.Module, sync: bool) -> None:
 
 
 @contextlib.contextmanager
-def gathered(model: torch.nn.Module) -> Iterator[None]:
-    """A no-grad pass over several micro-batches: each block stays gathered after its first forward instead of
-    being gathered again for every micro-batch (a whole compute-dtype copy of the model per rank for the
-    pass); everything is resharded at the end. The root group is left as FSDP2 runs it (gathered through
-    the forward, which the chunked LM head relies on). A no-op when plain."""
+def gathered(model: torch.nn.Module, backward: bool = False) -> Iterator[None]:
+    """One pass over several micro-batches (a no-grad logprob pass, or with ``backward`` the forwards and
+    backwards of one optimizer step): each block is gathered once, at its first forward, and stays whole
+    until the pass ends, instead of being gathered again before every forward and backward (a whole
+    compute-dtype copy of the model per rank while the pass runs: ZeRO-2's memory, not ZeRO-3's). The root
+    group is left as FSDP2 runs it (whole through the forward, which the chunked LM head relies on).
+    A no-op when plain."""
     sharded = [b for b in blocks(model) if isinstance(b, FSDPModule)] if is_sharded(model) else []
     for block in sharded:
         block.set_reshard_after_forward(False, recurse=False)
+        if backward:
+            block.set_reshard_after_backward(False, recurse=False)
     try:
         yield
     finally:
         for block in sharded:
             block.set_reshard_after_forward(True, recurse=False)
+            block.set_reshard_after_backward(True, recurse=False)
         if sharded:
             reshard(model)
 

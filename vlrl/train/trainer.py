@@ -162,33 +162,34 @@ class Trainer:
         agg = get_aggregation_fn(cfg.loss_agg)
         total, metrics = 0.0, dict[str, float]()
         first_sum, first_n = 0.0, 0
-        for i, (m, sub) in enumerate(zip(micro, subs, strict=True)):
-            sync_gradients(self.model, i == len(subs) - 1)  # FSDP: reduce once, after the last micro-batch
-            t = _rows(inputs, m, sub.input_ids.shape[1])
-            out = policy_forward(self.model, sub)
-            loss_tok, pm = get_policy_loss_fn(cfg.policy_loss)(
-                out.logprobs, t.old_logprobs, t.advantages, sub.loss_mask, cfg
-            )
-            loss_tok = loss_tok * t.weights
-            if cfg.kl_coef > 0 and not cfg.kl_in_reward and t.ref_logprobs is not None:
-                loss_tok = loss_tok + kl_loss(out.logprobs, t.ref_logprobs, sub.loss_mask, cfg)
-            loss = agg(
-                loss_tok,
-                sub.loss_mask,
-                num_tokens=counts.num_tokens,
-                num_seqs=counts.num_seqs,
-                norm_len=cfg.loss_norm_len,
-            )
-            loss.backward()
-            total += float(loss.detach())
-            share = float(sub.loss_mask.sum()) / max(1, counts.num_tokens)
-            pm["entropy"] = (out.entropy.detach() * sub.loss_mask).sum() / sub.loss_mask.sum().clamp(min=1)
-            for k, v in pm.items():
-                metrics[k] = metrics.get(k, 0.0) + share * float(v)
-            first = first_tokens(sub.loss_mask)
-            first_sum += float((out.entropy.detach() * first).sum())
-            first_n += int(first.sum())
-        metrics["entropy_first_token"] = first_sum / max(1, first_n)
+        with gathered(self.model, backward=True):  # FSDP: each block gathered once for the whole step
+            for i, (m, sub) in enumerate(zip(micro, subs, strict=True)):
+                sync_gradients(self.model, i == len(subs) - 1)  # FSDP: reduce once, after the last micro-batch
+                t = _rows(inputs, m, sub.input_ids.shape[1])
+                out = policy_forward(self.model, sub)
+                loss_tok, pm = get_policy_loss_fn(cfg.policy_loss)(
+                    out.logprobs, t.old_logprobs, t.advantages, sub.loss_mask, cfg
+                )
+                loss_tok = loss_tok * t.weights
+                if cfg.kl_coef > 0 and not cfg.kl_in_reward and t.ref_logprobs is not None:
+                    loss_tok = loss_tok + kl_loss(out.logprobs, t.ref_logprobs, sub.loss_mask, cfg)
+                loss = agg(
+                    loss_tok,
+                    sub.loss_mask,
+                    num_tokens=counts.num_tokens,
+                    num_seqs=counts.num_seqs,
+                    norm_len=cfg.loss_norm_len,
+                )
+                loss.backward()
+                total += float(loss.detach())
+                share = float(sub.loss_mask.sum()) / max(1, counts.num_tokens)
+                pm["entropy"] = (out.entropy.detach() * sub.loss_mask).sum() / sub.loss_mask.sum().clamp(min=1)
+                for k, v in pm.items():
+                    metrics[k] = metrics.get(k, 0.0) + share * float(v)
+                first = first_tokens(sub.loss_mask)
+                first_sum += float((out.entropy.detach() * first).sum())
+                first_n += int(first.sum())
+            metrics["entropy_first_token"] = first_sum / max(1, first_n)
         return metrics | {"loss": total} | self._optimizer_step()
 
     def sft_step(self, batch: Batch) -> dict[str, float]:
@@ -201,12 +202,13 @@ class Trainer:
         subs = [batch.select(m) for m in micro]
         n_tok = global_agg_counts(s.loss_mask for s in subs).num_tokens
         total = 0.0
-        for i, sub in enumerate(subs):
-            sync_gradients(self.model, i == len(subs) - 1)
-            out = policy_forward(self.model, sub.replace(temperature=1.0), with_entropy=False)
-            loss = -(out.logprobs * sub.loss_mask).sum() / max(1, n_tok)
-            loss.backward()
-            total += float(loss.detach())
+        with gathered(self.model, backward=True):
+            for i, sub in enumerate(subs):
+                sync_gradients(self.model, i == len(subs) - 1)
+                out = policy_forward(self.model, sub.replace(temperature=1.0), with_entropy=False)
+                loss = -(out.logprobs * sub.loss_mask).sum() / max(1, n_tok)
+                loss.backward()
+                total += float(loss.detach())
         return {"loss": total} | self._optimizer_step()
 
     def _optimizer_step(self) -> dict[str, float]:
