@@ -47,45 +47,68 @@ CLIENT_CONFIG = {
 
 def build_app(service: Service, api_key: str, *, max_body_bytes: int = 256 << 20):
     """The FastAPI app; ``api_key`` is compared in constant time on every route but ``healthz``."""
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response
+    from fastapi import FastAPI
 
     app = FastAPI(title="vlrl tinker-serve", docs_url=None, redoc_url=None, openapi_url=None)
-    expected = api_key.encode()
+    _guard(app, api_key.encode(), max_body_bytes)
+    _info_routes(app, service, max_body_bytes)
+    _work_routes(app, service, max_body_bytes)
 
-    def error(status: int, message: str) -> JSONResponse:
-        return JSONResponse({"detail": message, "error": message}, status_code=status)
+    @app.api_route(f"{PREFIX}/{{rest:path}}", methods=["GET", "POST", "PUT", "DELETE"])
+    def unsupported(rest: str):
+        return _error(
+            404 if rest not in UNSUPPORTED else 400,
+            UNSUPPORTED.get(rest, f"{PREFIX}/{rest} is not supported by vlrl tinker-serve"),
+        )
+
+    return app
+
+
+def _error(status: int, message: str):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"detail": message, "error": message}, status_code=status)
+
+
+def _guard(app, expected: bytes, max_body_bytes: int) -> None:
+    """The API key and the declared body size on every request; vlrl's refusals as 400, unknown ids as 404."""
+    from fastapi import Request
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
         if request.url.path not in OPEN_PATHS:
             got = request.headers.get("x-api-key", "").encode()
             if not hmac.compare_digest(got, expected):
-                return error(401, "missing or wrong X-API-Key (set TINKER_API_KEY to this server's key)")
+                return _error(401, "missing or wrong X-API-Key (set TINKER_API_KEY to this server's key)")
         size = request.headers.get("content-length")
         if size is not None and int(size) > max_body_bytes:
-            return error(413, f"request body of {size} bytes is over this server's limit of {max_body_bytes}")
+            return _error(413, f"request body of {size} bytes is over this server's limit of {max_body_bytes}")
         return await call_next(request)
 
     @app.exception_handler(BadInputError)
-    async def bad_input(request: Request, exc: BadInputError) -> JSONResponse:
-        return error(400, str(exc))
+    async def bad_input(request: Request, exc: BadInputError):
+        return _error(400, str(exc))
 
     @app.exception_handler(KeyError)
-    async def unknown(request: Request, exc: KeyError) -> JSONResponse:
-        return error(404, f"unknown id {exc.args[0]!r}" if exc.args else "not found")
+    async def unknown(request: Request, exc: KeyError):
+        return _error(404, f"unknown id {exc.args[0]!r}" if exc.args else "not found")
 
-    async def body_json(request: Request) -> dict[str, Any]:
-        raw = await request.body()
-        if len(raw) > max_body_bytes:
-            raise BadInputError(f"request body over this server's limit of {max_body_bytes} bytes")
-        try:
-            data = await request.json()
-        except ValueError:
-            raise BadInputError("request body is not JSON") from None
-        if not isinstance(data, dict):
-            raise BadInputError("request body must be a JSON object")
-        return data
+
+async def _body_json(request, limit: int) -> dict[str, Any]:
+    raw = await request.body()
+    if len(raw) > limit:  # a chunked body declares no length up front
+        raise BadInputError(f"request body over this server's limit of {limit} bytes")
+    try:
+        data = await request.json()
+    except ValueError:
+        raise BadInputError("request body is not JSON") from None
+    if not isinstance(data, dict):
+        raise BadInputError("request body must be a JSON object")
+    return data
+
+
+def _info_routes(app, service: Service, limit: int) -> None:
+    """Health, capabilities, the SDK's feature flags, sessions, telemetry (dropped) and the JSON operations."""
 
     @app.get(f"{PREFIX}/healthz")
     def healthz() -> dict:
@@ -107,16 +130,21 @@ def build_app(service: Service, api_key: str, *, max_body_bytes: int = 256 << 20
     def telemetry() -> dict:
         return {"status": "accepted"}  # TINKER_TELEMETRY=0 turns it off in the SDK; nothing is kept here
 
-    @app.post(f"{PREFIX}/create_session")
-    async def create_session(request: Request) -> dict:
-        return service.create_session(await body_json(request))
-
     @app.post(f"{PREFIX}/session_heartbeat")
-    async def session_heartbeat(request: Request) -> dict:
-        await body_json(request)
+    def session_heartbeat() -> dict:
         return {"type": "session_heartbeat"}
 
+    @app.get(f"{PREFIX}/samplers/{{sampler_id}}")
+    def get_sampler(sampler_id: str) -> dict:
+        key = service.sampling_sessions[sampler_id]
+        return {
+            "sampler_id": sampler_id,
+            "base_model": service.cfg.model_name,
+            "model_path": None if key == "base" else key,
+        }
+
     json_routes = {
+        "create_session": service.create_session,
         "create_model": service.create_model,
         "get_info": service.get_info,
         "unload_model": service.unload_model,
@@ -126,7 +154,13 @@ def build_app(service: Service, api_key: str, *, max_body_bytes: int = 256 << 20
         "asample": service.sample,
     }
     for name, handler in json_routes.items():
-        app.add_api_route(f"{PREFIX}/{name}", _json_route(handler, body_json), methods=["POST"], name=name)
+        app.add_api_route(f"{PREFIX}/{name}", _json_route(handler, limit), methods=["POST"], name=name)
+
+
+def _work_routes(app, service: Service, limit: int) -> None:
+    """``forward_backward`` (protobuf in) and ``retrieve_future`` (long poll; protobuf out where the SDK wants it)."""
+    from fastapi import Request
+    from fastapi.responses import Response
 
     @app.post(f"{PREFIX}/forward_backward")
     async def forward_backward(request: Request):
@@ -136,12 +170,12 @@ def build_app(service: Service, api_key: str, *, max_body_bytes: int = 256 << 20
             )
         raw = await request.body()
         if request.headers.get("content-encoding", "").lower() == "zstd":
-            raw = _unzstd(raw, max_body_bytes)
+            raw = _unzstd(raw, limit)
         return service.forward_backward(decode_forward_backward(raw))
 
     @app.post(f"{PREFIX}/retrieve_future")
     async def retrieve_future(request: Request):
-        rid = str((await body_json(request)).get("request_id"))
+        rid = str((await _body_json(request, limit)).get("request_id"))
         deadline = time.monotonic() + service.cfg.long_poll_s
         delay = 0.002
         while (outcome := service.futures.peek(rid)) is None and time.monotonic() < deadline:
@@ -153,35 +187,17 @@ def build_app(service: Service, api_key: str, *, max_body_bytes: int = 256 << 20
             return {"error": outcome.error, "category": outcome.category}
         if isinstance(outcome, Proto):
             if PROTOBUF not in request.headers.get("accept", ""):
-                return error(406, f"this result is {PROTOBUF} only (tinker SDK >= 0.25 asks for it)")
+                return _error(406, f"this result is {PROTOBUF} only (tinker SDK >= 0.25 asks for it)")
             return Response(outcome.data, media_type=PROTOBUF)
         assert isinstance(outcome, Json)
         return outcome.data
 
-    @app.get(f"{PREFIX}/samplers/{{sampler_id}}")
-    def get_sampler(sampler_id: str) -> dict:
-        key = service.sampling_sessions[sampler_id]
-        return {
-            "sampler_id": sampler_id,
-            "base_model": service.cfg.model_name,
-            "model_path": None if key == "base" else key,
-        }
 
-    @app.api_route(f"{PREFIX}/{{rest:path}}", methods=["GET", "POST", "PUT", "DELETE"])
-    def unsupported(rest: str):
-        return error(
-            404 if rest not in UNSUPPORTED else 400,
-            UNSUPPORTED.get(rest, f"{PREFIX}/{rest} is not supported by vlrl tinker-serve"),
-        )
-
-    return app
-
-
-def _json_route(handler, body_json):
+def _json_route(handler, limit: int):
     from fastapi import Request
 
     async def route(request: Request) -> dict:
-        return handler(await body_json(request))
+        return handler(await _body_json(request, limit))
 
     return route
 
