@@ -84,14 +84,16 @@ def test_an_api_rl_step_equals_vlrl_trainers_step(service_client, renderer, tink
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     optim = OptimSection(lr=LR, grad_clip=1.0, micro_batch_size=32, lr_scale=tinker_server.service.cfg.lr_scale)
     trainer = Trainer(model, AlgoConfig(advantage="grpo", policy_loss="ppo_clip", loss_agg="token_mean"), optim)
-    vlrl_grads = {}
-    step = trainer._optimizer_step
+    vlrl_grads: dict[str, torch.Tensor] = {}
 
-    def capture():
-        vlrl_grads.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-        return step()
+    def keep(name):
+        def hook(grad):  # summed over micro-batches, as the .grad the optimizer then reads
+            vlrl_grads[name] = vlrl_grads.get(name, 0) + grad.detach().clone()
 
-    trainer._optimizer_step = capture
+        return hook
+
+    for name, p in model.named_parameters():
+        p.register_hook(keep(name))
     batch = _vlrl_batch([r for _, r in episodes], samples, rewards)
     inputs, _ = trainer.prepare(batch, trainer.logprobs(batch))
     ours = trainer.rl_step(batch, inputs)
