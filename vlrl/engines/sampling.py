@@ -24,7 +24,9 @@ def fp32_logits(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     random-init 2b (near-zero logits) no change (mean 0.0158 both ways). The engine and the trainer both
     call this; a no-op cast for fp32 models.
     """
-    weight = lm_head.get_parameter("weight")
+    weight = lm_head.weight  # an attribute, not get_parameter: wrappers (peft layers) forward it as a property
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"the LM head's weight is a {type(weight).__name__}, not a tensor")
     bias = getattr(lm_head, "bias", None)
     return torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
 
