@@ -72,8 +72,7 @@ def grad_norms_by_group(named_params: Iterable[tuple[str, Tensor]], group_of: Ca
     if not by_group:
         return {}
     names = list(by_group)
-    sums = torch.stack([
-        torch.stack([torch.linalg.vector_norm(t, dtype=torch.float64) ** 2 for t in by_group[n]]).sum()
-        for n in names
-    ]).tolist()
+    sums = torch.stack(
+        [torch.stack([torch.linalg.vector_norm(t, dtype=torch.float64) ** 2 for t in by_group[n]]).sum() for n in names]
+    ).tolist()
     return {n: v**0.5 for n, v in zip(names, sums, strict=True)}
