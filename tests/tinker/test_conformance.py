@@ -105,6 +105,7 @@ def test_capabilities_and_session_answer_in_the_sdks_types(http):
             "no sampler weights",
         ),
         ("retrieve_future", {"request_id": "does-not-exist"}, 404, "does-not-exist"),
+        ("create_model", {"session_id": "x", "base_model": MODEL_NAME}, 400, "session_id"),
     ],
 )
 def test_bad_or_unsupported_requests_get_one_line_errors(http, route, body, status, words):
@@ -112,6 +113,14 @@ def test_bad_or_unsupported_requests_get_one_line_errors(http, route, body, stat
     assert r.status_code == status, r.text
     detail = r.json()["detail"]
     assert words in detail and "\n" not in detail
+
+
+def test_unknown_ids_are_404_and_missing_fields_400(http):
+    r = http.get("/api/v1/samplers/nope")
+    assert r.status_code == 404 and "nope" in r.json()["detail"]
+    session = http.post("/api/v1/create_session", json={"tags": [], "sdk_version": "x"}).json()["session_id"]
+    r = http.post("/api/v1/create_model", json={"session_id": session, "base_model": MODEL_NAME})
+    assert r.status_code == 400 and "model_seq_id" in r.json()["detail"]
 
 
 def test_forward_backward_validation(http, model_id):

@@ -12,6 +12,6 @@ embedded (or vLLM) engine for sampling, and peft LoRA (``vlrl.models.lora``). Mo
 - ``sampling``: saved sampler weights and the engine that samples from them
 - ``futures``: the future table (results outlive the request that made them; try_again polling)
 - ``service`` / ``app``: the API's state and its HTTP routes (FastAPI)
-- ``server``: a service for a checkpoint dir (embedded or vLLM engine), served by uvicorn; ``cli``: ``vlrl tinker-serve``
+- ``server``: a service for a checkpoint dir (embedded or vLLM engine) served by uvicorn; ``cli``: tinker-serve
 - ``client``: for SDK users, a conversation → ``tinker.ModelInput`` of text and image chunks
 """

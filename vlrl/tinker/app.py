@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from vlrl.errors import BadInputError
-from vlrl.tinker.futures import Failed, Json, Proto
+from vlrl.tinker.futures import Failed, Json, Proto, UnknownIdError
 from vlrl.tinker.service import Service
 from vlrl.tinker.wire import decode_forward_backward
 
@@ -89,9 +89,9 @@ def _guard(app, expected: bytes, max_body_bytes: int) -> None:
     async def bad_input(request: Request, exc: BadInputError):
         return _error(400, str(exc))
 
-    @app.exception_handler(KeyError)
-    async def unknown(request: Request, exc: KeyError):
-        return _error(404, f"unknown id {exc.args[0]!r}" if exc.args else "not found")
+    @app.exception_handler(UnknownIdError)
+    async def unknown(request: Request, exc: UnknownIdError):
+        return _error(404, str(exc.args[0]))
 
 
 async def _body_json(request, limit: int) -> dict[str, Any]:
@@ -136,7 +136,9 @@ def _info_routes(app, service: Service, limit: int) -> None:
 
     @app.get(f"{PREFIX}/samplers/{{sampler_id}}")
     def get_sampler(sampler_id: str) -> dict:
-        key = service.sampling_sessions[sampler_id]
+        key = service.sampling_sessions.get(sampler_id)
+        if key is None:
+            raise UnknownIdError(f"unknown sampler_id {sampler_id!r}")
         return {
             "sampler_id": sampler_id,
             "base_model": service.cfg.model_name,

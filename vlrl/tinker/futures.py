@@ -49,6 +49,10 @@ class Failed:
 Outcome = Proto | Json | Failed
 
 
+class UnknownIdError(KeyError):
+    """A request id (or another id) that the server does not know, or no longer keeps (HTTP 404)."""
+
+
 class _Entry:
     def __init__(self, request_id: str, extra: dict[str, Any]):
         self.request_id, self.extra = request_id, extra
@@ -99,16 +103,22 @@ class FutureTable:
         entry.done.set()
 
     def wait(self, request_id: str, timeout: float) -> Outcome | None:
-        """The outcome, waiting up to ``timeout`` s for it (None: still running). KeyError if unknown."""
+        """The outcome, waiting up to ``timeout`` s for it (None: still running); UnknownIdError if unknown."""
         with self._lock:
-            entry = self._entries[request_id]
+            entry = self._get(request_id)
         entry.done.wait(timeout)
         return entry.outcome
 
     def peek(self, request_id: str) -> Outcome | None:
-        """The outcome if finished, else None; KeyError if unknown (or expired)."""
+        """The outcome if finished, else None; UnknownIdError if unknown (or expired)."""
         with self._lock:
-            return self._entries[request_id].outcome
+            return self._get(request_id).outcome
+
+    def _get(self, request_id: str) -> _Entry:
+        try:
+            return self._entries[request_id]
+        except KeyError:
+            raise UnknownIdError(f"unknown request_id {request_id!r} (never submitted, or expired)") from None
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -129,7 +129,10 @@ class Service:
         self._check_base(body.get("base_model"))
         if body.get("session_id") not in self.sessions:
             raise BadInputError(f"unknown session_id {body.get('session_id')!r}")
-        model_id = f"{body['session_id']}:train:{int(body['model_seq_id'])}"
+        try:
+            model_id = f"{body['session_id']}:train:{int(body['model_seq_id'])}"
+        except (KeyError, TypeError, ValueError):
+            raise BadInputError("create_model needs an integer model_seq_id") from None
         lora_cfg = body.get("lora_config") or {}
         rank = int(lora_cfg.get("rank", 0))
         if rank < 0:
@@ -270,9 +273,3 @@ class Service:
         out = self.futures.submit(self._sample, work)
         out["sample_sequence_ids"] = [f"{out['request_id']}:{i}" for i in range(spec.num_samples)]
         return out
-
-    # ------------------------------------------------------------------ futures
-
-    def retrieve(self, request_id: str) -> Outcome | None:
-        """The outcome of ``request_id`` (None: not yet, after the long poll); KeyError when unknown."""
-        return self.futures.wait(request_id, self.cfg.long_poll_s)
