@@ -198,3 +198,32 @@ def test_save_weights_and_get_sampling_client_samples_the_saved_weights(full_ft,
     with torch.no_grad():
         trainer = _trainer_logprobs(model, rendered, list(seq.tokens))
     torch.testing.assert_close(torch.tensor(seq.logprobs), trainer, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "corrupt, words",
+    [
+        (lambda d, n: {**d, "target_tokens": [10**7] * n}, "outside the vocabulary"),
+        (lambda d, n: {**d, "weights": [1.0] * n}, "vision placeholder"),  # weight on the image's own positions
+    ],
+)
+def test_bad_data_fails_by_name_before_any_gradient(service_client, renderer, tinker_server, corrupt, words):
+    import tinker
+
+    tc = service_client.create_lora_training_client(base_model=MODEL_NAME, rank=0).result()
+    good, _, _ = _example(renderer, 12)
+    n = len(good.loss_fn_inputs["target_tokens"].to_numpy())
+    inputs = {k: v.to_numpy().tolist() for k, v in good.loss_fn_inputs.items()}
+    bad = types.Datum(model_input=good.model_input, loss_fn_inputs=corrupt(inputs, n))
+    with pytest.raises(tinker.RequestFailedError, match=words):
+        tc.forward_backward([good, bad], "cross_entropy").result()  # the good datum comes first
+    model = tinker_server.service.models[tc.model_id].model
+    assert all(p.grad is None for p in model.parameters()), "a refused request must leave no gradient behind"
+
+
+def test_prompt_token_ids_outside_the_vocabulary_are_refused(service_client):
+    import tinker
+
+    sampler = service_client.create_sampling_client(base_model=MODEL_NAME).result()
+    with pytest.raises(tinker.RequestFailedError, match="outside the vocabulary"):
+        sampler.sample(types.ModelInput.from_ints([1, 10**7]), 1, types.SamplingParams(max_tokens=2)).result()

@@ -42,6 +42,8 @@ class InputLimits:
 
     max_tokens: int
     max_images: int = 64
+    vocab_size: int | None = None
+    """Text token ids must be in ``[0, vocab_size)`` (None: unchecked)."""
 
 
 def render_chunks(
@@ -74,6 +76,12 @@ def render_chunks(
     features: list[Any] = []
     for k, chunk in enumerate(chunks):
         if isinstance(chunk, TextChunk):
+            if (
+                chunk.tokens
+                and limits.vocab_size is not None
+                and not 0 <= min(chunk.tokens) <= max(chunk.tokens) < limits.vocab_size
+            ):
+                raise BadInputError(f"{where} chunk {k}: token ids outside the vocabulary [0, {limits.vocab_size})")
             ids.extend(chunk.tokens)
             continue
         one = render_image(chunk, renderer, f"{where} chunk {k}")

@@ -44,7 +44,8 @@ def build_service(cfg: ServiceConfig, *, dtype: str = "float32", vllm: Any = Non
             stack = vllm_stack(path)
             closer = stack.close
         renderer: Any = stack.renderer
-        base = {n: p.detach() for n, p in load_model(path, dtype=torch_dtype).named_parameters()}
+        base_model = load_model(path, dtype=torch_dtype)
+        base = {n: p.detach() for n, p in base_model.named_parameters()}
         pool = SamplerPool(stack.engine, base, keep=cfg.keep_samplers)
     else:
         from vlrl.engines.embedded import EmbeddedEngine
@@ -52,6 +53,7 @@ def build_service(cfg: ServiceConfig, *, dtype: str = "float32", vllm: Any = Non
 
         renderer = EmbeddedRenderer(processor)
         engine = EmbeddedEngine(load_model(path, dtype=torch_dtype), tokenizer)
+        base_model = engine.model
         base = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
         pool = SamplerPool(engine, base, keep=cfg.keep_samplers)
     service = Service(
@@ -61,6 +63,7 @@ def build_service(cfg: ServiceConfig, *, dtype: str = "float32", vllm: Any = Non
         load_model=lambda: load_model(path, dtype=torch_dtype),
         pad_id=int(pad),
         max_context=int(pool.engine.max_context),
+        vocab_size=int(base_model.get_output_embeddings().weight.shape[0]),
         on_close=closer,
     )
     return service

@@ -61,11 +61,12 @@ class Service:
         load_model: Callable[[], Any],
         pad_id: int,
         max_context: int,
+        vocab_size: int | None = None,
         on_close: Callable[[], None] | None = None,
     ):
         self.cfg, self.renderer, self.pool, self.on_close = cfg, renderer, pool, on_close
         self.load_model, self.pad_id = load_model, pad_id
-        self.limits = InputLimits(max_tokens=max_context, max_images=cfg.max_images)
+        self.limits = InputLimits(max_tokens=max_context, max_images=cfg.max_images, vocab_size=vocab_size)
         self.futures = FutureTable()
         self.models: dict[str, TrainedModel] = {}
         self.sessions: dict[str, dict[str, Any]] = {}

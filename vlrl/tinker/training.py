@@ -110,17 +110,20 @@ class TrainedModel:
         no loss reads; a forward-only call computes every position. Elsewhere the output is NaN."""
         specs = [check_inputs(call.loss_fn, d.inputs, call.loss_config, f"datum {i}") for i, d in enumerate(call.data)]
         inputs = [_tensors(d.inputs, len(p.token_ids), i) for i, (d, p) in enumerate(zip(call.data, prompts))]
+        vocab = int(self.model.get_output_embeddings().weight.shape[0])
+        wanted = [
+            _checked_positions(x, call.forward_only, banned_ids(self.model), vocab, i) for i, x in enumerate(inputs)
+        ]
         outputs: list[dict[str, np.ndarray]] = []
         total, metrics = 0.0, dict[str, float]()
-        for start in range(0, len(prompts), self.micro_batch_size):
+        for start in range(0, len(prompts), self.micro_batch_size):  # all data checked: no half-applied gradients
             rows = range(start, min(start + self.micro_batch_size, len(prompts)))
             with torch.set_grad_enabled(not call.forward_only):
-                wanted = [_used(inputs[i], call.forward_only) for i in rows]
-                logps = self._logprobs([prompts[i] for i in rows], [inputs[i]["target_tokens"] for i in rows], wanted)
+                targets = [inputs[i]["target_tokens"] for i in rows]
+                logps = self._logprobs([prompts[i] for i in rows], targets, [wanted[i] for i in rows])
                 loss = torch.zeros(())
-                for i, lp, used in zip(rows, logps, wanted):
+                for i, lp in zip(rows, logps):
                     mask = ~torch.isnan(lp.detach())
-                    _refuse_weight_on_undefined(inputs[i], mask | ~used, i)
                     datum_loss, m = specs[i].fn(torch.nan_to_num(lp), inputs[i], mask, call.loss_config)
                     loss = loss + datum_loss
                     for k, v in m.items():
@@ -218,27 +221,28 @@ def _tensors(inputs: Mapping[str, np.ndarray], n: int, index: int) -> dict[str, 
     return out
 
 
-def _used(inputs: Mapping[str, torch.Tensor], everywhere: bool) -> torch.Tensor:
-    """``[N]`` bool: the positions whose logprob the loss can use (all of them for a forward-only call)."""
+def _checked_positions(
+    inputs: Mapping[str, torch.Tensor], everywhere: bool, banned: torch.Tensor, vocab: int, index: int
+) -> torch.Tensor:
+    """``[N]`` bool: the positions whose logprob the loss can use (all of them for a forward-only call), after
+    checking the targets are token ids and no weight or advantage sits on a vision-id target (it has no logprob:
+    never sampled)."""
     t = inputs["target_tokens"]
-    if everywhere:
-        return torch.ones_like(t, dtype=torch.bool)
+    if len(t) and (int(t.min()) < 0 or int(t.max()) >= vocab):
+        raise BadInputError(f"datum {index}: target_tokens outside the vocabulary [0, {vocab})")
     used = torch.zeros_like(t, dtype=torch.bool)
+    vision = torch.isin(t, banned)
     for key in ("weights", "advantages"):
         if key in inputs:
-            used |= inputs[key] != 0
-    return used
-
-
-def _refuse_weight_on_undefined(inputs: Mapping[str, torch.Tensor], mask: torch.Tensor, index: int) -> None:
-    for key in ("weights", "advantages"):
-        t = inputs.get(key)
-        if t is not None and bool((t[~mask] != 0).any()):
-            pos = int((~mask & (t != 0)).nonzero()[0, 0])
-            raise BadInputError(
-                f"datum {index}: {key}[{pos}] is nonzero on a target that is a vision placeholder id "
-                "(no logprob: never sampled); give it 0"
-            )
+            nonzero = inputs[key] != 0
+            if bool((nonzero & vision).any()):
+                pos = int((nonzero & vision).nonzero()[0, 0])
+                raise BadInputError(
+                    f"datum {index}: {key}[{pos}] is nonzero on a target that is a vision placeholder "
+                    "id (no logprob: never sampled); give it 0"
+                )
+            used |= nonzero
+    return torch.ones_like(used) if everywhere else used
 
 
 def prompt_batch(prompts: Sequence[RenderedPrompt], pad_id: int) -> Batch:
