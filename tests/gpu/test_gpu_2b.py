@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "train"))
-import traj_helpers as H  # noqa: E402
+import traj_helpers as H
 
 pytestmark = pytest.mark.gpu
 
@@ -31,10 +31,12 @@ def test_2b_generate_agree_forward_backward(vlrl_model_dir):
     engine = EmbeddedEngine(model, load_processor(path).tokenizer)
     convs = list(H.conversations().values())
     prompts = [renderer.render(c) for c in convs]
-    gens = engine.generate(prompts, [SamplingParams(temperature=1.0, max_tokens=16, seed=i, ignore_eos=True)
-                                     for i in range(len(prompts))])
-    batch = collate([H.trajectory(f"t{i}", p, g, 1.0) for i, (p, g) in enumerate(zip(prompts, gens))],
-                    CollateSpec.from_model(model)).to("cuda")
+    gens = engine.generate(
+        prompts, [SamplingParams(temperature=1.0, max_tokens=16, seed=i, ignore_eos=True) for i in range(len(prompts))]
+    )
+    batch = collate(
+        [H.trajectory(f"t{i}", p, g, 1.0) for i, (p, g) in enumerate(zip(prompts, gens))], CollateSpec.from_model(model)
+    ).to("cuda")
     model.train()
     out = policy_forward(model, batch)
     report = batch_agreement(batch, out, dtype="bfloat16")

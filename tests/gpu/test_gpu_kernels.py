@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "checks"))
-from invariance_cases import prompt_of_length, stack  # noqa: E402
+from invariance_cases import prompt_of_length, stack
 
-from vlrl.checks.batch_invariance import check_batch_invariance  # noqa: E402
+from vlrl.checks.batch_invariance import check_batch_invariance
 
 pytestmark = pytest.mark.gpu
 
@@ -35,7 +35,7 @@ def kernel_error(length: int, contiguous: bool) -> float:
         k, v = k.contiguous(), v.contiguous()
     mask = torch.ones(8, 1, length, length, dtype=torch.bool, device="cuda").tril()
     mask[:, :, :, :7] = False  # left padding of 7 on every row
-    mask[:, :, :7, 0] = True   # (padding rows attend somewhere, as transformers' masks make them)
+    mask[:, :, :7, 0] = True  # (padding rows attend somewhere, as transformers' masks make them)
     with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
         fast = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     with sdpa_kernel(SDPBackend.MATH):

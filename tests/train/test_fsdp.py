@@ -44,7 +44,9 @@ def assert_same_steps(a: list[dict], b: list[dict], keys=("loss", "grad_norm")) 
 def test_two_processes_take_the_one_process_steps(one, two):
     assert_same_steps(phase(one, "sft"), phase(two, "sft"))
     per_module = ("grad_norm/language", "grad_norm/vision")  # each rank's shard squares, summed over ranks
-    assert_same_steps(phase(one, "rl"), phase(two, "rl"), keys=("loss", "grad_norm", *per_module, "entropy", "reward_mean"))
+    assert_same_steps(
+        phase(one, "rl"), phase(two, "rl"), keys=("loss", "grad_norm", *per_module, "entropy", "reward_mean")
+    )
     assert all(m["grad_norm"] > 0 for m in phase(one, "rl")), "the RL steps must train, or equality proves nothing"
     initial = {n: p.detach() for n, p in load_model(cached_model_dir("qwen2_5_vl", "tiny")).named_parameters()}
     for step in ("step_000000", "step_000001", "step_000002"):  # after SFT, after each RL step
@@ -62,16 +64,20 @@ def test_two_processes_take_the_one_process_steps(one, two):
 def test_a_two_process_checkpoint_resumes_in_one_process(two, tmp_path):
     resumed = run_plain(tmp_path / "resumed", f"run.resume={two / 'checkpoints' / 'step_000001'}")
     assert_same_steps(phase(two, "rl")[1:], phase(resumed, "rl"), keys=("loss", "grad_norm", "entropy"))
-    diff, name = max_abs_diff(checkpoint_weights(two / "checkpoints" / "step_000002"),
-                              checkpoint_weights(resumed / "checkpoints" / "step_000002"))
+    diff, name = max_abs_diff(
+        checkpoint_weights(two / "checkpoints" / "step_000002"),
+        checkpoint_weights(resumed / "checkpoints" / "step_000002"),
+    )
     assert diff <= TOL, f"{name} differs by {diff:.2e}"
 
 
 def test_a_one_process_checkpoint_resumes_in_two_processes(one, tmp_path):
     resumed = run_torchrun(2, tmp_path / "resumed", f"run.resume={one / 'checkpoints' / 'step_000001'}")
     assert_same_steps(phase(one, "rl")[1:], phase(resumed, "rl"), keys=("loss", "grad_norm", "entropy"))
-    diff, name = max_abs_diff(checkpoint_weights(one / "checkpoints" / "step_000002"),
-                              checkpoint_weights(resumed / "checkpoints" / "step_000002"))
+    diff, name = max_abs_diff(
+        checkpoint_weights(one / "checkpoints" / "step_000002"),
+        checkpoint_weights(resumed / "checkpoints" / "step_000002"),
+    )
     assert diff <= TOL, f"{name} differs by {diff:.2e}"
 
 

@@ -16,7 +16,7 @@ from vlrl.train.forward import ForwardOutput
 @pytest.mark.parametrize("n, world", [(9, 2), (8, 2), (3, 4), (1, 2), (64, 3)])
 def test_shares_are_contiguous_balanced_and_equal_in_size(n, world):
     shares = [D.share_of(n, r, world) for r in range(world)]
-    own = [list(s.rows[:s.n_real]) for s in shares]
+    own = [list(s.rows[: s.n_real]) for s in shares]
     assert [r for rows in own for r in rows] == list(range(n))  # every row once, in rank order
     assert {s.size for s in shares} == {-(-n // world)}  # FSDP: the same number of forwards on every rank
     assert max(s.n_real for s in shares) - min(s.n_real for s in shares) <= 1
@@ -29,9 +29,9 @@ def test_a_padding_row_trains_nothing_and_keeps_the_real_rows_topk(single_turn):
     share = D.share_of(batch.size, 1, 2)
     assert share.n_real < share.size, "the case needs a padding row"
     local = D.local_batch(batch, share)
-    assert local.size == share.size and float(local.loss_mask[share.n_real:].sum()) == 0
-    assert torch.equal(local.input_ids[share.n_real:], local.input_ids[share.n_real - 1:share.n_real])
-    real = batch.select(share.rows[:share.n_real])
+    assert local.size == share.size and float(local.loss_mask[share.n_real :].sum()) == 0
+    assert torch.equal(local.input_ids[share.n_real :], local.input_ids[share.n_real - 1 : share.n_real])
+    real = batch.select(share.rows[: share.n_real])
     assert torch.equal(local.engine_topk.rows, real.engine_topk.rows)  # the copy claims none of its original's
 
 
@@ -53,7 +53,9 @@ def collate_five(bundle, trajs, gens):
 
 def test_vlrl_train_nproc_runs_torchrun(monkeypatch):
     calls = []
-    monkeypatch.setattr(subprocess, "run", lambda argv, check: calls.append(argv) or subprocess.CompletedProcess(argv, 0))
+    monkeypatch.setattr(
+        subprocess, "run", lambda argv, check: calls.append(argv) or subprocess.CompletedProcess(argv, 0)
+    )
     assert main(["train", "--nproc", "3", "color_square", "run.steps=1", "--report"]) == 0
     argv = calls[0]
     assert argv[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3"]

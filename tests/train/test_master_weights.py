@@ -40,8 +40,12 @@ def test_bf16_weights_drop_small_updates_and_masters_keep_them():
     assert moved_plain < 0.5 * total, (moved_plain, total)  # most bf16 weights never took a step
     # The masters took every step (Adam: about lr per coordinate per step; the random batches' gradients
     # point different ways, so 20 steps add up to less than 20 lr).
-    shift = torch.cat([(optimizer.state[p]["master"] - s.float()).abs().flatten()
-                       for p, s in zip(master.parameters(), start, strict=True)])
+    shift = torch.cat(
+        [
+            (optimizer.state[p]["master"] - s.float()).abs().flatten()
+            for p, s in zip(master.parameters(), start, strict=True)
+        ]
+    )
     assert float((shift > 0).float().mean()) > 0.99
     assert 4 * LR < float(shift.median()) <= 20 * LR, float(shift.median())
 

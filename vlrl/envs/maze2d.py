@@ -85,8 +85,12 @@ def generate_maze(height: int, width: int, rng: random.Random) -> np.ndarray:
 
 def corner_pair(height: int, width: int, k: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """Start and goal ``(row, col)`` for corner-pair index ``k`` in 0..3 (opposite interior corners)."""
-    pairs = [((1, 1), (height - 2, width - 2)), ((height - 2, width - 2), (1, 1)),
-             ((height - 2, 1), (1, width - 2)), ((1, width - 2), (height - 2, 1))]
+    pairs = [
+        ((1, 1), (height - 2, width - 2)),
+        ((height - 2, width - 2), (1, 1)),
+        ((height - 2, 1), (1, width - 2)),
+        ((1, width - 2), (height - 2, 1)),
+    ]
     return pairs[k]
 
 
@@ -95,16 +99,17 @@ def render_background(maze_map: np.ndarray, target: tuple[int, int]) -> np.ndarr
     colours = np.array([FLOOR, WALL], dtype=np.uint8)
     frame = np.repeat(np.repeat(colours[maze_map], TILE, axis=0), TILE, axis=1)
     tr, tc = target
-    frame[tr * TILE:(tr + 1) * TILE, tc * TILE:(tc + 1) * TILE] = TARGET
+    frame[tr * TILE : (tr + 1) * TILE, tc * TILE : (tc + 1) * TILE] = TARGET
     return frame
 
 
-def render_maze(maze_map: np.ndarray, agent: tuple[int, int], target: tuple[int, int],
-                background: np.ndarray | None = None) -> np.ndarray:
+def render_maze(
+    maze_map: np.ndarray, agent: tuple[int, int], target: tuple[int, int], background: np.ndarray | None = None
+) -> np.ndarray:
     """The frame ``[H*TILE, W*TILE, 3]`` uint8 for a maze state (``background`` reused when given)."""
     frame = render_background(maze_map, target) if background is None else background.copy()
     ar, ac = agent
-    tile = frame[ar * TILE:(ar + 1) * TILE, ac * TILE:(ac + 1) * TILE]
+    tile = frame[ar * TILE : (ar + 1) * TILE, ac * TILE : (ac + 1) * TILE]
     tile[DISC] = AGENT
     return frame
 
@@ -132,8 +137,10 @@ class Maze2DEnv(gym.Env):
         state = (options or {}).get("init_state")
         if state is not None:
             self.maze_map = np.asarray(state["maze_map"], dtype=np.int8).copy()
-            self.agent = tuple(int(v) for v in state["agent_location"])
-            self.target = tuple(int(v) for v in state["target_location"])
+            row, col = (int(v) for v in state["agent_location"])
+            self.agent = (row, col)
+            row, col = (int(v) for v in state["target_location"])
+            self.target = (row, col)
         else:
             walk_rng = random.Random(int(self.np_random.integers(2**32)))
             self.maze_map = generate_maze(self.height, self.width, walk_rng)
@@ -165,20 +172,28 @@ class Maze2DEnv(gym.Env):
             line = "".join("#" if v else " " for v in self.maze_map[r])
             for (rr, cc), ch in ((self.target, "T"), (self.agent, "A")):
                 if rr == r:
-                    line = line[:cc] + ch + line[cc + 1:]
+                    line = line[:cc] + ch + line[cc + 1 :]
             rows.append("#" + line + "#")
         border = "#" * (self.width + 2)
         return "\n".join([border, *rows, border])
 
     def get_init_state(self) -> dict[str, Any]:
         """The exact state, restorable with ``reset(options={"init_state": ...})``."""
-        return {"maze_map": self.maze_map.tolist(), "agent_location": list(self.agent),
-                "target_location": list(self.target)}
+        return {
+            "maze_map": self.maze_map.tolist(),
+            "agent_location": list(self.agent),
+            "target_location": list(self.target),
+        }
 
     def _obs(self) -> np.ndarray:
         return render_maze(self.maze_map, self.agent, self.target, self._background)
 
     def _info(self, feedback: str) -> dict[str, Any]:
         distance = abs(self.agent[0] - self.target[0]) + abs(self.agent[1] - self.target[1])
-        return {"distance": distance, "agent": self.agent, "target": self.target,
-                "maze_map": self.maze_map.copy(), "env_feedback": feedback}
+        return {
+            "distance": distance,
+            "agent": self.agent,
+            "target": self.target,
+            "maze_map": self.maze_map.copy(),
+            "env_feedback": feedback,
+        }

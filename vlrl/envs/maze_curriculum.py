@@ -105,7 +105,7 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-SMALL = {
+SMALL: dict[str, Any] = {
     "hidden": 256,
     "intermediate": 768,
     "layers": 4,

@@ -14,7 +14,7 @@ def shortest_path_actions(maze_map: np.ndarray, start: tuple[int, int], goal: tu
 
     ``maze_map`` is ``[H, W]`` with 1 = wall. Raises ValueError if the goal is unreachable.
     """
-    start, goal = tuple(start), tuple(goal)
+    start, goal = (int(start[0]), int(start[1])), (int(goal[0]), int(goal[1]))
     came: dict[tuple[int, int], tuple[tuple[int, int], int] | None] = {start: None}
     queue = deque([start])
     while queue:
@@ -30,8 +30,8 @@ def shortest_path_actions(maze_map: np.ndarray, start: tuple[int, int], goal: tu
         raise ValueError(f"goal {goal} is unreachable from {start}")
     actions: list[int] = []
     cell = goal
-    while came[cell] is not None:
-        cell, action = came[cell]
+    while (step := came[cell]) is not None:
+        cell, action = step
         actions.append(action)
     return actions[::-1]
 
