@@ -5,6 +5,7 @@
     NCCL_NVLS_ENABLE=0 python benchmarks/fsdp_throughput.py --nproc 2 --size 2b --device cuda --dtype bfloat16 \
         --out benchmarks/results/fsdp_h200x2/n2.json
     python benchmarks/fsdp_throughput.py --nproc 2 --size tiny --device cpu --steps 2   # CPU / gloo smoke run
+    ... --nproc 2 --compare-one-rank     # also 1 rank on the same rows per rank (speed-up) and on the same data
 
 The batch is real: maze2d/5x5 episodes of the BFS expert (``--turns`` turns, an image every turn), rendered
 by vlrl's renderer, ``--rows`` of them per rank (weak scaling: N ranks train N times the rows), the same
@@ -14,7 +15,10 @@ the RL update's cost without its loss terms), then the weight sync's gather of t
 (``Run.engine_weights``: what the engine is sent). Timed after ``--warmup`` steps; ``tokens_per_s`` counts
 every token of every rank's rows (prompt and reply). Peak memory is ``torch.cuda.max_memory_allocated`` per
 rank over the timed steps. ``--plain`` also runs the plain one-process trainer (no FSDP, weights in
-``--dtype``) on one rank's rows, and reports FSDP's time over plain's.
+``--dtype``) on one rank's rows, and reports FSDP's time over plain's. ``--compare-one-rank`` runs FSDP on one
+rank twice more in the same call: on one rank's rows (``speedup_vs_one_rank``: N ranks' tokens/s over one
+rank's, weak scaling) and on all N ranks' rows (the same data: every step's loss, summed over ranks, against
+N ranks' — ``loss_max_abs_diff_first3``).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--plain", action="store_true", help="also time the plain one-process trainer")
+    p.add_argument("--compare-one-rank", action="store_true", help="also run 1 rank: same rows per rank, same data")
     p.add_argument("--out", default=None)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # a rank's JSON path (internal)
     p.add_argument("--mode", default="fsdp", choices=("fsdp", "plain"), help=argparse.SUPPRESS)
@@ -99,13 +104,14 @@ def worker(args) -> None:
     batch = collate(trajs, CollateSpec.from_model(model))
     local = D.local_batch(batch, D.share_of(batch.size, d.rank, d.world))
     times: dict[str, list[float]] = {"logprobs_s": [], "update_s": [], "sync_gather_s": [], "step_s": []}
+    losses = []  # every step's loss over the global batch (the ranks' shares summed), warm-up included
     for step in range(args.warmup + args.steps):
         if step == args.warmup and d.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         t = [_now(d)]
         trainer.logprobs(local)
         t.append(_now(d))
-        trainer.sft_step(local)
+        losses.append(D.all_reduce_sum([trainer.sft_step(local)["loss"]])[0])
         t.append(_now(d))
         full_weights(model, d)
         t.append(_now(d))
@@ -122,6 +128,7 @@ def worker(args) -> None:
         "peak_mem_gib": peak,
         "tokens_per_step": tokens,
         "rows_per_step": batch.size,
+        "losses": losses,
         **{k: v for k, v in times.items()},
         **{f"{k}_median": statistics.median(v) for k, v in times.items()},
     }
@@ -172,6 +179,27 @@ def launch(args, mode: str, nproc: int, tmp: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(tmp.glob(f"{mode}_rank*.json"))]
 
 
+def _fresh(tmp: str, name: str) -> Path:
+    (Path(tmp) / name).mkdir()
+    return Path(tmp) / name
+
+
+def compare_one_rank(args, n_ranks: dict, tmp: str) -> dict:
+    """FSDP on one rank, on one rank's rows (weak-scaling baseline) and on all N ranks' rows (same data)."""
+    same_rows = argparse.Namespace(**{**vars(args), "rows": args.rows * args.nproc})
+    one = summary(launch(args, "fsdp", 1, _fresh(tmp, "one_rank")))
+    same = summary(launch(same_rows, "fsdp", 1, _fresh(tmp, "one_rank_same_data")))
+    a, b = n_ranks["ranks"][0]["losses"], same["ranks"][0]["losses"]
+    return {
+        "one_rank": one,
+        "one_rank_same_data": same,
+        "speedup_vs_one_rank": n_ranks["tokens_per_s"] / one["tokens_per_s"],
+        "losses_n_ranks": a,
+        "losses_one_rank_same_data": b,
+        "loss_max_abs_diff_first3": max(abs(x - y) for x, y in zip(a[:3], b[:3], strict=True)),
+    }
+
+
 def summary(ranks: list[dict]) -> dict:
     step = max(r["step_s_median"] for r in ranks)  # the slowest rank sets the pace
     tokens = ranks[0]["tokens_per_step"]
@@ -209,12 +237,14 @@ def main() -> None:
         "warmup": args.warmup,
     }
     with tempfile.TemporaryDirectory() as tmp:
-        result["fsdp"] = summary(launch(args, "fsdp", args.nproc, Path(tmp)))
+        result["fsdp"] = summary(launch(args, "fsdp", args.nproc, _fresh(tmp, "fsdp")))
         if args.plain:
-            result["plain"] = summary(launch(args, "plain", 1, Path(tmp)))
+            result["plain"] = summary(launch(args, "plain", 1, _fresh(tmp, "plain")))
             result["fsdp_over_plain_step_time"] = (
                 (result["fsdp"]["step_s_median"] / result["plain"]["step_s_median"]) if args.nproc == 1 else None
             )
+        if args.compare_one_rank:
+            result.update(compare_one_rank(args, result["fsdp"], tmp))
     text = json.dumps(result, indent=2)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -113,7 +113,8 @@ def test_fsdp_on_one_gpu_takes_the_plain_trainers_steps(vlrl_model_dir, tmp_path
 
     plain = _train(tmp_path / "plain")
     lp_plain = trained_logprobs(plain, False)
-    fsdp = _train(tmp_path / "fsdp", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1")
+    nproc = int(os.environ.get("VLRL_FSDP_NPROC", "1"))  # 2 on a two-GPU host (benchmarks/device/two_gpu.sh)
+    fsdp = _train(tmp_path / "fsdp", "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}")
     assert (fsdp / "checkpoints" / "step_000000" / "dcp").is_dir()
     lp_fsdp = trained_logprobs(fsdp, True)
     a, b = RunRecord.load(plain), RunRecord.load(fsdp)
