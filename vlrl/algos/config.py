@@ -95,6 +95,7 @@ class AlgoConfig:
         _check(self.kl_coef >= 0, "kl_coef must be >= 0")
         _check(self.correction_cap > 0, "correction_cap must be > 0")
         _check(0 <= self.correction_low <= self.correction_high, "need 0 <= correction_low <= correction_high")
+        _check(self.loss_norm_len is None or self.loss_norm_len > 0, "loss_norm_len must be > 0 or None")
         if self.loss_agg == "seq_mean_token_sum_norm":
             _check(
                 self.loss_norm_len is not None and self.loss_norm_len > 0,
