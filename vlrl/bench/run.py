@@ -1,0 +1,147 @@
+"""``run_bench(config) -> dict``: every section of the bench in one process, on one loaded checkpoint.
+
+Order matters: the engines and rollouts run on the checkpoint's weights, the agreement checks compare
+them with the trainer on those same weights, and the train steps (which change the weights) come last.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from vlrl.bench import env
+
+Dtype = Literal["float32", "bfloat16"]
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    size: str = "tiny"
+    """A ``vlrl.models.archs.SIZES`` name: ``tiny`` on CPU, ``2b`` on GPU."""
+    device: str = "cpu"
+    dtype: Dtype = "float32"
+    batch_sizes: tuple[int, ...] = (1, 8, 64, 256)
+    max_tokens: int = 64
+    """New tokens per engine request (eos ignored)."""
+    repeats: int = 2
+    """Timed engine calls per batch size (best kept), after a 2-token warm-up call."""
+    turns: int = 16
+    episodes: int = 8
+    """Multi-turn: maze2d episodes rolled out together, ``turns`` turns each."""
+    turn_tokens: int = 16
+    """Multi-turn: new tokens per turn."""
+    train_steps: int = 3
+    micro_batch: int = 4
+    vllm: bool = True
+    """Measure vLLM where it can run (else recorded as skipped with the reason)."""
+    arch: str = "qwen2_5_vl"
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> BenchConfig:
+        """Small everything: a smoke run of every section in seconds on a CPU (no vLLM server start)."""
+        small: dict[str, Any] = dict(
+            batch_sizes=(1, 2), max_tokens=4, repeats=1, turns=3, episodes=2, turn_tokens=4, train_steps=1, vllm=False
+        )
+        return cls(**{**small, **overrides})
+
+
+def run_bench(config: BenchConfig) -> dict[str, Any]:
+    """All sections; see the package docstring."""
+    from vlrl.bench.engines import engine_section
+    from vlrl.bench.multiturn import rollout_turns
+    from vlrl.bench.training import agreement, train_section
+    from vlrl.engines.embedded import EmbeddedEngine
+
+    t0 = time.perf_counter()
+    model_dir, model, renderer = load(config)
+    name = env.device_name(config.device)
+    result: dict[str, Any] = {
+        "benchmark": "vlrl bench",
+        "config": asdict(config),
+        "model_dir": str(model_dir),
+        "device_name": name,
+        "versions": env.versions(),
+        "git": env.git_commit(),
+        "host": env.host(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    result["engines"] = engine_section(
+        model, renderer, config.batch_sizes, config.max_tokens, config.repeats, config.device
+    )
+    engine = EmbeddedEngine(model, renderer.tokenizer, max_batch=max(config.episodes, 1))
+    result["multi_turn"], trajectories = rollout_turns(
+        renderer, engine, episodes=config.episodes, turns=config.turns, max_tokens=config.turn_tokens
+    )
+    result["agreement"] = {
+        "embedded": agreement(model, trajectories, config.dtype, config.micro_batch),
+        "hf_generate": {"skipped": "a baseline only: HF generate reports no logprobs under vlrl's contract"},
+    }
+    _vllm(config, model, model_dir, result)
+    result["training"] = train_section(
+        model,
+        trajectories,
+        dtype=config.dtype,
+        device=config.device,
+        device_name=name,
+        micro_batch=config.micro_batch,
+        steps=config.train_steps,
+    )
+    result["wall_seconds"] = round(time.perf_counter() - t0, 2)
+    return result
+
+
+def load(config: BenchConfig):
+    """``(checkpoint dir, model in the config's dtype on its device, embedded renderer)``."""
+    import torch
+
+    from vlrl.models.build import cached_model_dir
+    from vlrl.models.load import load_model
+    from vlrl.render.embedded import EmbeddedRenderer
+
+    model_dir = cached_model_dir(config.arch, config.size)
+    model = load_model(model_dir, dtype=getattr(torch, config.dtype), device=config.device)
+    return model_dir, model, EmbeddedRenderer.from_pretrained(model_dir)
+
+
+def _vllm(config: BenchConfig, model, model_dir: Path, result: dict[str, Any]) -> None:
+    """The vLLM sections, or ``{"skipped": reason}`` in each: not asked, not importable, or it failed to run."""
+    from vlrl.bench.multiturn import rollout_turns
+    from vlrl.bench.training import agreement
+    from vlrl.bench.vllm_paths import unavailable_reason, vllm_section
+
+    reason = "not asked (--no-vllm or --quick)" if not config.vllm else unavailable_reason(config.device)
+    if reason is None:
+        stack = None
+        try:
+            result["vllm"], stack = vllm_section(
+                model_dir, config.batch_sizes, config.max_tokens, config.repeats, config.turns
+            )
+            result["multi_turn_vllm"], trajectories = rollout_turns(
+                stack.renderer,
+                stack.engine,
+                episodes=config.episodes,
+                turns=config.turns,
+                max_tokens=config.turn_tokens,
+            )
+            result["agreement"]["vlrl_vllm"] = agreement(model, trajectories, config.dtype, config.micro_batch)
+            result["agreement"]["raw_vllm"] = {"skipped": "raw vLLM's chat route reports no contract logprobs"}
+            return
+        except Exception as exc:  # noqa: BLE001 — a server that cannot start is a recorded skip, not a lost bench
+            reason = f"vLLM failed: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
+        finally:
+            if stack is not None:
+                stack.close()
+    result.setdefault("vllm", {"skipped": reason})
+    result.setdefault("multi_turn_vllm", {"skipped": reason})
+    result["agreement"].setdefault("vlrl_vllm", {"skipped": reason})
+    result["agreement"].setdefault("raw_vllm", {"skipped": reason})
+
+
+def write(result: dict[str, Any], out: str | Path) -> Path:
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path
