@@ -88,6 +88,7 @@ def engine_section(model, renderer, batch_sizes: Sequence[int], max_tokens: int,
 
     engine = EmbeddedEngine(model, renderer.tokenizer, max_batch=max(batch_sizes))
     out: dict[str, dict[str, Any]] = {"embedded": {}, "hf_generate": {}, "embedded_over_hf": {}}
+    renderer.render(workload_messages(1)[0])  # first-call costs (template compile) are not the renderer's speed
     for n in batch_sizes:
         messages = workload_messages(n)
         t0 = time.perf_counter()

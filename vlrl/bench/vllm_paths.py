@@ -81,6 +81,7 @@ def vllm_section(model_dir, batch_sizes: Sequence[int], max_tokens: int, repeats
     stack = vllm_stack(model_dir, max_images_per_prompt=max(turns, 1))
     out: dict[str, Any] = {"startup_seconds": round(time.perf_counter() - t0, 2), "raw_vllm": {}, "vlrl_vllm": {}}
     try:
+        stack.renderer.render(workload_messages(1)[0])  # the first render loads the server's processor: not timed
         for n in batch_sizes:
             messages = workload_messages(n)
             out["raw_vllm"][str(n)] = time_raw(stack, messages, max_tokens, repeats)
