@@ -192,6 +192,8 @@ class OptimSection:
     master_weights: Literal["float32", "model"] = "float32"
     """bf16 runs: float32 = AdamW steps fp32 master copies (bf16 weights drop updates below half an ulp,
     vlrl.train.master); model = update the bf16 weights themselves. No effect on float32 runs."""
+    packing: bool = False
+    """Run each micro-batch's rows packed into one unpadded sequence (vlrl.train.packing); off = padded rows."""
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.lr) and self.lr > 0, "optim.lr", self.lr, "must be > 0")

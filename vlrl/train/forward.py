@@ -28,6 +28,7 @@ from vlrl.engines.sampling import contract_logprobs, effective_temperature, fp32
 from vlrl.models.positions import mrope_positions
 from vlrl.models.tokenizer import vision_token_ids
 from vlrl.train.batch import Batch
+from vlrl.train.packing import packed_hidden_states
 
 DEFAULT_CHUNK = 512
 
@@ -65,6 +66,7 @@ def policy_forward(
     with_entropy: bool = True,
     entropy_grad: bool = False,
     probe: bool = False,
+    packing: bool = False,
 ) -> ForwardOutput:
     """Per-token contract logprobs (and entropy) of ``batch`` under ``model``.
 
@@ -73,9 +75,11 @@ def policy_forward(
     first. ``chunk_size=None`` projects all positions at once (the unchunked reference).
     ``probe=True`` also returns the trainer's top-k at ``batch.engine_topk`` (no gradient).
     Entropy is a detached metric unless ``entropy_grad=True`` (an entropy bonus in the loss).
+    ``packing=True`` runs the decoder on the rows packed into one unpadded sequence
+    (``vlrl.train.packing``); the outputs are the same ``[B, L]`` rows.
     """
     device = next(model.parameters()).device
-    hidden = decoder_hidden_states(model, batch)  # [B, L, H]
+    hidden = packed_hidden_states(model, batch) if packing else decoder_hidden_states(model, batch)  # [B, L, H]
     ids = batch.input_ids.to(device)
     B, L = ids.shape
     want = batch.loss_mask.to(device).bool() if positions == "loss_mask" else batch.attention_mask.to(device).bool()

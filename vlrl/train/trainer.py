@@ -106,7 +106,7 @@ class Trainer:
         model = model or self.model
         with gathered(model):  # FSDP: each block gathered once for all micro-batches
             parts = [
-                policy_forward(model, sub, with_entropy=False, probe=probe)
+                policy_forward(model, sub, with_entropy=False, probe=probe, packing=self.optim.packing)
                 for sub in batch.split(self.optim.micro_batch_size)
             ]
         B, L = batch.input_ids.shape
@@ -166,7 +166,7 @@ class Trainer:
             for i, (m, sub) in enumerate(zip(micro, subs, strict=True)):
                 sync_gradients(self.model, i == len(subs) - 1)  # FSDP: reduce once, after the last micro-batch
                 t = _rows(inputs, m, sub.input_ids.shape[1])
-                out = policy_forward(self.model, sub)
+                out = policy_forward(self.model, sub, packing=self.optim.packing)
                 loss_tok, pm = get_policy_loss_fn(cfg.policy_loss)(
                     out.logprobs, t.old_logprobs, t.advantages, sub.loss_mask, cfg
                 )
@@ -205,7 +205,9 @@ class Trainer:
         with gathered(self.model, backward=True):
             for i, sub in enumerate(subs):
                 sync_gradients(self.model, i == len(subs) - 1)
-                out = policy_forward(self.model, sub.replace(temperature=1.0), with_entropy=False)
+                out = policy_forward(
+                    self.model, sub.replace(temperature=1.0), with_entropy=False, packing=self.optim.packing
+                )
                 loss = -(out.logprobs * sub.loss_mask).sum() / max(1, n_tok)
                 loss.backward()
                 total += float(loss.detach())
