@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
 
 from vlrl.algos.config import AlgoConfig
 from vlrl.checks.agreement import compare_logprobs
+from vlrl.models import attention
 from vlrl.models.load import load_model
 from vlrl.train import packing
 from vlrl.train.batch import Batch, CollateSpec, collate
@@ -46,9 +48,18 @@ def test_packed_logprobs_match_unpacked(single_turn, multi_turn, arch):
     assert ent <= 1e-4, f"entropy max |Δ| {ent}"
 
 
-def test_packed_sequence_has_no_padding_and_row_local_positions(single_turn, multi_turn):
+def test_packed_sequence_has_no_padding_row_local_positions_and_runs_varlen(single_turn, multi_turn, monkeypatch):
     b, batch = _mixed_batch(single_turn, multi_turn, "qwen2_5_vl")
     packed = pack_rows(b.model, batch)
+    calls = []
+    real = attention.varlen_sdpa
+    monkeypatch.setattr(
+        attention, "varlen_sdpa", lambda q, k, v, lengths, *a: calls.append(lengths) or real(q, k, v, lengths, *a)
+    )
+    with torch.no_grad():
+        packing.packed_forward(b.model, packed)
+    assert calls == [packed.lengths] * b.model.config.text_config.num_hidden_layers
+    assert packed.lengths == tuple(batch.seq_lens.tolist())
     lens = batch.seq_lens.tolist()
     assert packed.num_tokens == sum(lens) < batch.input_ids.numel()
     text = packed.position_ids[0, 0]  # resets to 0 at every row start
@@ -87,22 +98,37 @@ def test_trainer_with_optim_packing_gives_the_same_logprobs(single_turn, multi_t
     assert not _agree(*lps, batch).breached
 
 
-@pytest.mark.parametrize("fault", ["attention_crosses_rows", "positions_without_grid"])
-def test_packing_faults_breach_the_bound(single_turn, multi_turn, fault, monkeypatch):
-    """The check has teeth: packed attention that sees earlier rows, or mRoPE ids without the image grids.
-    (Row positions shifted by a constant are no fault: RoPE only sees differences within a row.)"""
+def test_transformers_mask_path_agrees_too(single_turn, multi_turn, monkeypatch):
+    """Without vlrl's varlen attention: position-id resets -> transformers' block-diagonal mask."""
     b, batch = _mixed_batch(single_turn, multi_turn, "qwen2_5_vl")
+    monkeypatch.setattr(packing, "packed_forward", functools.partial(packing.packed_forward, varlen=False))
+    monkeypatch.setattr(attention, "varlen_sdpa", None)  # would raise if the varlen path were taken
+    with torch.no_grad():
+        plain = policy_forward(b.model, batch)
+        packed = policy_forward(b.model, batch, packing=True)
+    report = _agree(plain.logprobs, packed.logprobs, batch)
+    assert not report.breached, report.breaches
 
-    def faulty(model, batch):
-        packed = pack_rows(model, batch)
-        pos, run_on = packed.position_ids.clone(), torch.arange(packed.num_tokens)
-        if fault == "attention_crosses_rows":
-            pos[0, 0] = run_on  # no resets: one causal sequence over all rows
-        else:
-            pos[1:, 0] = packed.cols  # 1-D positions: the image grids ignored
-        return dataclasses.replace(packed, position_ids=pos)
 
-    monkeypatch.setattr(packing, "pack_rows", faulty)
+FAULTS = {
+    "varlen_one_segment": lambda p: dataclasses.replace(p, lengths=(p.num_tokens,)),
+    "mask_no_position_resets": lambda p: dataclasses.replace(
+        p, position_ids=torch.cat([torch.arange(p.num_tokens).view(1, 1, -1), p.position_ids[1:]])
+    ),
+    "positions_without_grid": lambda p: dataclasses.replace(
+        p, position_ids=torch.cat([p.position_ids[:1], p.cols.view(1, 1, -1).expand(3, 1, -1)])
+    ),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_packing_faults_breach_the_bound(single_turn, multi_turn, fault, monkeypatch):
+    """The check has teeth: attention that sees earlier rows (varlen or mask path), or mRoPE ids without
+    the image grids. (Row positions shifted by a constant are no fault: RoPE sees differences only.)"""
+    b, batch = _mixed_batch(single_turn, multi_turn, "qwen2_5_vl")
+    monkeypatch.setattr(packing, "pack_rows", lambda model, batch: FAULTS[fault](pack_rows(model, batch)))
+    if fault.startswith("mask"):
+        monkeypatch.setattr(packing, "packed_forward", functools.partial(packing.packed_forward, varlen=False))
     with torch.no_grad():
         plain = policy_forward(b.model, batch)
         bad = policy_forward(b.model, batch, packing=True)

@@ -13,6 +13,9 @@ because it pads on the right. ``vlrl_sdpa`` hands SDPA contiguous k/v of the ful
 batch-invariance check (``vlrl.checks.batch_invariance``) is what would catch the next kernel of this
 kind. Everything else is transformers' ``sdpa`` path (same mask function, same causal shortcut).
 
+Packed rows (``vlrl.train.packing``): given ``vlrl_segments`` (the rows' lengths) the decoder's attention
+runs causally within each row (varlen); without it nothing changes.
+
 Registered on import under :data:`ATTENTION`; ``vlrl.models.load.load_model`` selects it.
 """
 
@@ -36,6 +39,31 @@ def repeat_heads(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x.contiguous()
 
 
+SEGMENTS = "vlrl_segments"
+"""Keyword argument (through the model's ``**kwargs``) with the packed rows' lengths for :func:`vlrl_sdpa_forward`."""
+
+
+def varlen_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    lengths: tuple[int, ...],
+    scaling: float | None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """Causal attention within each packed row: query / key / value ``[1, H, T, D]`` (kv heads already
+    repeated), ``lengths`` the rows' token counts (sum ``T``) -> ``[1, H, T, D]``.
+
+    One SDPA call per row with the causal flag and no mask: ``sum(n²)`` work instead of ``T²``, and the
+    flash / cuDNN kernels stay eligible (a mask rules them out)."""
+    parts = zip(*(x.split(list(lengths), dim=2) for x in (query, key, value)), strict=True)
+    outs = [
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling, is_causal=True)
+        for q, k, v in parts
+    ]
+    return torch.cat(outs, dim=2)
+
+
 def vlrl_sdpa_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -52,6 +80,12 @@ def vlrl_sdpa_forward(
     n_rep = query.shape[1] // key.shape[1]
     key, value = repeat_heads(key, n_rep), repeat_heads(value, n_rep)
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    lengths = kwargs.get(SEGMENTS)
+    # Packed rows (vlrl.train.packing): the decoder's causal self-attention over exactly the packed tokens
+    # (any mask here is transformers' plain causal one: the packed forward gives no 2-D mask). The vision
+    # tower gets the same kwargs but attends per image with is_causal=False.
+    if lengths is not None and is_causal and query.shape[0] == 1 and query.shape[2] == key.shape[2] == sum(lengths):
+        return varlen_sdpa(query, key, value, lengths, scaling, dropout).transpose(1, 2).contiguous(), None
     # As transformers' sdpa: the causal flag (flash / cuDNN kernels) only without a mask and past decode.
     is_causal = bool(query.shape[2] > 1 and attention_mask is None and is_causal)
     out = torch.nn.functional.scaled_dot_product_attention(

@@ -10,14 +10,14 @@ What keeps it exact:
 * **Positions.** Each token keeps the mRoPE ``(t, h, w)`` ids the padded forward gives it: they are
   computed on the padded batch by the same function (``vlrl.models.positions.mrope_positions``) and
   gathered, so every row's positions start from its own origin.
-* **Attention cannot cross rows.** Qwen-VL's text models in transformers 5.x take ``[4, 1, T]``
-  position ids whose first row is plain text positions; with no 2-D attention mask and no cache,
-  ``transformers.masking_utils.create_causal_mask`` reads every place where that row does not step by
-  one as a sequence start and ANDs a same-sequence mask into the causal one. Row 0 here is each token's
-  index within its own row, so it resets to 0 exactly at row starts. The mask then goes through
-  the mask function vlrl registers (``vlrl.models.attention``: transformers' ``sdpa_mask``), giving a
-  ``[1, 1, T, T]`` block-diagonal causal mask for ``vlrl_sdpa`` (a flash-attention implementation
-  would take the same resets as varlen ``cu_seqlens``).
+* **Attention cannot cross rows.** With vlrl's attention (``vlrl.models.attention.ATTENTION``) the
+  rows' lengths travel to it as the ``vlrl_segments`` keyword and it runs causal SDPA per row (varlen:
+  ``sum(n²)`` work, no ``T × T`` mask, flash kernels stay eligible). With any other implementation
+  (``sdpa``, ``eager``) transformers' own packed path is used: Qwen-VL's text models in transformers
+  5.x take ``[4, 1, T]`` position ids whose first row is plain text positions, and with no 2-D mask and
+  no cache ``transformers.masking_utils.create_causal_mask`` reads every place where that row does not
+  step by one as a sequence start, giving a ``[1, 1, T, T]`` block-diagonal causal mask. Row 0 here is
+  each token's index within its own row, so it resets to 0 exactly at row starts.
 * **Vision.** ``Batch.pixel_values`` is already every row's images in row order, which is the order
   of their placeholders in the packed sequence, and the vision towers attend within each image
   (``cu_seqlens`` per image), so the vision forward is the very same computation packed or not.
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vlrl.models.attention import ATTENTION, SEGMENTS
 from vlrl.models.positions import mrope_positions
 from vlrl.train.batch import Batch
 
@@ -41,6 +42,7 @@ class PackedRows:
     position_ids    ``[4, 1, T]`` long: ``[0]`` the token's index within its row (resets at row
                     starts: the sequence boundaries), ``[1:]`` its mRoPE (t, h, w) ids
     rows, cols      ``[T]`` long: where each packed token sits in the ``[B, L]`` batch
+    lengths         the rows' token counts (sum ``T``): the varlen segments
     pixel_values    ``[n_patches, D]`` or None, image_grid_thw ``[n_images, 3]`` or None: the batch's own
     shape           ``(B, L)`` of the padded batch
     """
@@ -49,6 +51,7 @@ class PackedRows:
     position_ids: torch.Tensor
     rows: torch.Tensor
     cols: torch.Tensor
+    lengths: tuple[int, ...]
     pixel_values: torch.Tensor | None
     image_grid_thw: torch.Tensor | None
     shape: tuple[int, int]
@@ -80,6 +83,7 @@ def pack_rows(model, batch: Batch) -> PackedRows:
         position_ids=position_ids,
         rows=rows,
         cols=cols,
+        lengths=tuple(int(n) for n in lens.tolist()),
         pixel_values=pixels,
         image_grid_thw=grid,
         shape=(int(ids.shape[0]), int(ids.shape[1])),
@@ -93,15 +97,24 @@ def unpack(packed: PackedRows, values: torch.Tensor) -> torch.Tensor:
     return out.index_put((packed.rows, packed.cols), values[0])
 
 
-def packed_forward(model, packed: PackedRows) -> torch.Tensor:
-    """``[1, T, H]`` last hidden states of the decoder over the packed sequence (model dtype)."""
+def packed_forward(model, packed: PackedRows, *, varlen: bool = True) -> torch.Tensor:
+    """``[1, T, H]`` last hidden states of the decoder over the packed sequence (model dtype).
+
+    ``varlen`` (and the model on vlrl's attention): per-row attention from ``packed.lengths``; else
+    transformers' block-diagonal mask from the position-id resets.
+    """
+    if varlen and model.model.language_model.config._attn_implementation == ATTENTION:
+        position_ids, extra = packed.position_ids[1:], {SEGMENTS: packed.lengths}
+    else:
+        position_ids, extra = packed.position_ids, {}
     out = model.model(
         input_ids=packed.input_ids,
-        attention_mask=None,  # None on purpose: the row boundaries come from position_ids[0]
-        position_ids=packed.position_ids,
+        attention_mask=None,  # None on purpose: the row boundaries come from lengths / position_ids[0]
+        position_ids=position_ids,
         pixel_values=packed.pixel_values,
         image_grid_thw=packed.image_grid_thw,
         use_cache=False,
+        **extra,
     )
     return out.last_hidden_state
 
