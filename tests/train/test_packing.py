@@ -12,6 +12,7 @@ from vlrl.algos.config import AlgoConfig
 from vlrl.checks.agreement import compare_logprobs
 from vlrl.models import attention
 from vlrl.models.load import load_model
+from vlrl.models.positions import mrope_positions
 from vlrl.train import packing
 from vlrl.train.batch import Batch, CollateSpec, collate
 from vlrl.train.config import OptimSection
@@ -69,6 +70,10 @@ def test_packed_sequence_has_no_padding_row_local_positions_and_runs_varlen(sing
         unpack(packed, packed.input_ids[..., None])[..., 0] * batch.attention_mask,
         batch.input_ids * batch.attention_mask,
     )
+    for row, (start, n) in enumerate(zip(starts.tolist(), lens, strict=True)):  # each row alone, from its origin
+        alone = batch.select([row])
+        own = mrope_positions(b.model, alone.input_ids, alone.attention_mask, alone.image_grid_thw)[:, 0]
+        assert torch.equal(packed.position_ids[1:, 0, start : start + n], own), f"row {row}"
 
 
 def test_packed_gradients_match_unpacked(single_turn, multi_turn):
