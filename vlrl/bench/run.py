@@ -6,8 +6,11 @@ them with the trainer on those same weights, and the train steps (which change t
 
 from __future__ import annotations
 
+import importlib
 import json
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -48,8 +51,10 @@ class BenchConfig:
         return cls(**{**small, **overrides})
 
 
-def run_bench(config: BenchConfig) -> dict[str, Any]:
-    """All sections; see the package docstring."""
+def run_bench(config: BenchConfig, save: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
+    """All sections; see the package docstring. ``save(result)`` after each section (``complete`` False
+    until the last), so a run that dies late keeps what it measured."""
+    _import_all()
     from vlrl.bench.engines import engine_section
     from vlrl.bench.multiturn import rollout_turns
     from vlrl.bench.training import agreement, train_section
@@ -60,6 +65,7 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
     name = env.device_name(config.device)
     result: dict[str, Any] = {
         "benchmark": "vlrl bench",
+        "complete": False,
         "config": asdict(config),
         "model_dir": str(model_dir),
         "device_name": name,
@@ -68,9 +74,17 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
         "host": env.host(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+    def done(section: str) -> None:
+        result["wall_seconds"] = round(time.perf_counter() - t0, 2)
+        print(f"vlrl bench: {section} done at {result['wall_seconds']} s", file=sys.stderr, flush=True)
+        if save is not None:
+            save(result)
+
     result["engines"] = engine_section(
         model, renderer, config.batch_sizes, config.max_tokens, config.repeats, config.device
     )
+    done("engines")
     engine = EmbeddedEngine(model, renderer.tokenizer, max_batch=max(config.episodes, 1))
     result["multi_turn"], trajectories = rollout_turns(
         renderer, engine, episodes=config.episodes, turns=config.turns, max_tokens=config.turn_tokens
@@ -79,7 +93,9 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
         "embedded": agreement(model, trajectories, config.dtype, config.micro_batch),
         "hf_generate": {"skipped": "a baseline only: HF generate reports no logprobs under vlrl's contract"},
     }
+    done("multi-turn and agreement")
     _vllm(config, model, model_dir, result)
+    done("vLLM")
     result["training"] = train_section(
         model,
         trajectories,
@@ -89,8 +105,29 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
         micro_batch=config.micro_batch,
         steps=config.train_steps,
     )
-    result["wall_seconds"] = round(time.perf_counter() - t0, 2)
+    result["complete"] = True
+    done("training")
     return result
+
+
+def _import_all() -> None:
+    """Import every vlrl module the sections use before the first timing: the run measures one version of
+    the code even while the checkout changes under it (a late lazy import once met a half-edited module)."""
+    for name in (
+        "vlrl.bench.engines",
+        "vlrl.bench.multiturn",
+        "vlrl.bench.training",
+        "vlrl.bench.vllm_paths",
+        "vlrl.engines.embedded",
+        "vlrl.rollout.generator",
+        "vlrl.data.tickets",
+        "vlrl.envs.builtin",
+        "vlrl.checks.agreement",
+        "vlrl.train.batch",
+        "vlrl.train.trainer",
+        "vlrl.vllm.stack",
+    ):
+        importlib.import_module(name)
 
 
 def load(config: BenchConfig):
