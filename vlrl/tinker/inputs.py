@@ -16,24 +16,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from vlrl.errors import BadInputError, ContextOverflowError
-from vlrl.render.types import PlaceholderRange, RenderedPrompt
+from vlrl.render.types import PlaceholderRange, RenderedPrompt, Renderer
 from vlrl.tinker.wire import Chunk, ImageChunk, TextChunk
 
 MIME = {"png": "image/png", "jpeg": "image/jpeg"}
 
 
-class ImageRenderer(Protocol):
-    """What is needed of a renderer here: ``render(messages)`` and the pad id it expands images into."""
+class ImageRenderer(Renderer, Protocol):
+    """A renderer that also names the pad id it expands images into."""
 
     image_token_id: int
-
-    def render(
-        self,
-        messages: Sequence[dict[str, Any]],
-        *,
-        add_generation_prompt: bool = True,
-        tools: Sequence[dict[str, Any]] | None = None,
-    ) -> RenderedPrompt: ...
 
 
 @dataclass(frozen=True)
