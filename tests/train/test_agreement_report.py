@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from pytest_vlrl import assert_logprobs_agree
-from vlrl.checks.agreement import AgreementBounds, LogprobDisagreementError, compare_logprobs, distribution_stats
+from vlrl.checks.agreement import AgreementBounds, LogprobDisagreementError, compare_logprobs
+from vlrl.checks.distribution import distribution_stats
 
 MASK = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1]], dtype=torch.float32)
 TURNS = torch.tensor([[0, 0, 0, 1, -1], [0, 0, 0, 1, 1]])

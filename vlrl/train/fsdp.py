@@ -13,10 +13,11 @@ the chunks read it; the gradients the chunks put on it are reduce-scattered with
 backward. A tied head (the tiny models) *is* the embedding's parameter; an untied one (the 2b model) is put
 in the group by registering the head under ``model.model`` while ``fully_shard`` runs.
 
-**Precision.** The sharded parameters stay fp32 (the optimizer's master weights); with
-``model.dtype=bfloat16`` forwards and backwards run in bf16 (``MixedPrecisionPolicy(param_dtype=bf16,
-reduce_dtype=fp32)``: gradients are reduced in fp32), and the engine is sent the weights cast to bf16 — the
-values the trainer's bf16 forward computes with. fp32 runs (the CPU / gloo tests) cast nothing.
+**Precision.** With ``model.dtype=bfloat16`` and ``optim.master_weights=float32`` (the default) the sharded
+parameters are fp32 — the optimizer's master weights — and forwards and backwards run in bf16
+(``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: gradients are reduced in fp32); the engine is
+sent the weights cast to bf16, the values the trainer's bf16 forward computes with. With
+``master_weights=model`` the shards are bf16 themselves. fp32 runs (the CPU / gloo tests) cast nothing.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 def shard_model(model: torch.nn.Module, d: Dist, compute_dtype: torch.dtype) -> torch.nn.Module:
     """``fully_shard`` ``model`` in place over all ranks (see the module docstring); returns it.
 
-    The model must be fp32 (the master weights) and on ``d.device``; ``compute_dtype`` is what forwards run in.
+    The model is on ``d.device`` in its storage dtype (fp32 masters, or bf16 with ``master_weights=model``);
+    ``compute_dtype`` is what forwards run in.
     """
     mesh = init_device_mesh("cuda" if d.device.startswith("cuda") else "cpu", (d.world,))
     param_dtype = None if compute_dtype == torch.float32 else compute_dtype
