@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 if TYPE_CHECKING:  # vlrl.train.distributed imports the run log, which imports checkpoints, which import this
     from vlrl.train.distributed import Dist
@@ -127,16 +127,27 @@ def reshard(model: torch.nn.Module) -> None:
 def full_weights(model: torch.nn.Module, d: Dist) -> dict[str, torch.Tensor] | None:
     """``{name: full tensor}`` of every parameter (``named_parameters`` names), on rank 0; None elsewhere.
 
-    Collective under FSDP (every rank must call it): ``get_model_state_dict`` all-gathers each parameter;
-    with more than one rank the full tensors go to rank 0's CPU only, so no GPU ever holds two whole models.
-    A plain model gives its own parameters (no copy).
+    Collective under FSDP (every rank must call it). One group at a time is all-gathered (``unshard``: one
+    collective per group, not one per parameter), copied out and resharded, so no rank ever holds more than
+    one group whole beside its shards; with more than one rank the copies go to rank 0's CPU. The tensors
+    are in the compute dtype — what FSDP's forward computes with (bf16 under mixed precision) — which is
+    what the engine must serve. A plain model gives its own parameters (no copy).
     """
     names = [n for n, _ in model.named_parameters()]  # a tied weight once, as the engine's update expects
     if not is_sharded(model):
         params = dict(model.named_parameters())
         return {n: params[n].detach() for n in names}
     reshard(model)
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=d.world > 1))
-    if not d.is_main:
-        return None
-    return {n: cast(torch.Tensor, state[n]) for n in names}
+    found: dict[str, torch.Tensor] = {}
+    left = set(names)
+    for group in [m for m in model.modules() if isinstance(m, FSDPModule)]:
+        group.unshard()  # this group's parameters are now registered whole; the others stay DTensor shards
+        for name in [n for n in names if n in left and not isinstance(model.get_parameter(n), DTensor)]:
+            left.discard(name)
+            if d.is_main:  # a copy: reshard frees the gathered storage
+                whole = model.get_parameter(name).detach()
+                found[name] = whole.to("cpu", copy=True) if d.world > 1 else whole.clone()
+        group.reshard()
+    if left:
+        raise RuntimeError(f"full_weights: parameters in no FSDP group: {sorted(left)[:5]}")
+    return {n: found[n] for n in names} if d.is_main else None
