@@ -26,7 +26,6 @@ from vlrl.envs.maze_curriculum import LevelPlan, train_level, write_results
 def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
     """``level:sft_seconds:rl_seconds[:sft_pool]``, with the run-wide options of ``args``."""
     level, sft, rl, *pool = text.split(":")
-    extra = {"sft_pool": int(pool[0])} if pool else {}
     scale = tuple((k, float(v)) for k, v in (item.split("=") for item in args.sft_scale))
     return LevelPlan(
         level,
@@ -37,7 +36,7 @@ def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
         sft_lr_scale=scale,
         model=args.model,
         mask_detours=args.mask_detours,
-        **extra,
+        sft_pool=int(pool[0]) if pool else LevelPlan.sft_pool,
     )
 
 

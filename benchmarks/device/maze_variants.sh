@@ -2,29 +2,35 @@
 # Several maze-curriculum variants at once on the GPU host (benchmarks/maze_curriculum.py, one process each:
 # the tiny models leave the GPU mostly idle and each process renders on its own cores). Small result files
 # of every variant tarred under $OUT. Usage (device tool, from .clean, carry .clean):
-#   [SET=first|next] [PLAN=level:sft_s:rl_s:pool] LIMIT=555 bash benchmarks/device/maze_variants.sh
-# SET=first with PLAN=5x5:230:150:48 LIMIT=440 made benchmarks/results/maze_curriculum_h100/variants_5x5.
+#   [SET=tile|next|first] [PLAN=level:sft_s:rl_s:pool] LIMIT=565 bash benchmarks/device/maze_variants.sh
+# SET=first with PLAN=5x5:230:150:48 LIMIT=440 made benchmarks/results/maze_curriculum_h100/variants_5x5
+# (sft.rows_per_step=32, micro_batch_size=16 then); SET=tile (the default) is the two-variant run of
+# benchmarks/results/maze_curriculum_h100/tile_5x5.
 set -uo pipefail
 source benchmarks/device/env.sh
 python3 -c "from vlrl.models.build import cached_model_dir as c; from vlrl.envs.maze_curriculum import \
 small_checkpoint as s; print(c('qwen2_5_vl', 'tiny'), s())" || exit 1
-plan=${PLAN:-5x5:380:110:64}
+plan=${PLAN:-5x5:390:120:12}
 noise0='data.extras={"expert_noise":0.0}'
 small="--model small --set sft.lr=1e-3"
 declare -A V
-if [ "${SET:-next}" = first ]; then  # the variants of benchmarks/results/maze_curriculum_h100/variants_5x5
+if [ "${SET:-tile}" = tile ]; then  # 28 px tiles (the recipe's) against VisGym's 25 px, detours masked
+  common="$small --set optim.lr=1e-4 --sft-scale vision=10 --sft-scale merger=10 --mask-detours"
+  V=([tile28]="$common" [tile25]="$common --set data.extras={\"expert_noise\":0.15,\"tile\":25}")
+elif [ "${SET}" = first ]; then  # the variants of benchmarks/results/maze_curriculum_h100/variants_5x5
   V=([tiny_vis10]="--model tiny --set sft.lr=3e-3 --set optim.lr=1e-3 --sft-scale vision=10 --sft-scale merger=10"
      [small]="$small --set optim.lr=3e-4" [small_noise0]="$small --set optim.lr=3e-4 --set $noise0"
      [small_vis10]="$small --set optim.lr=3e-4 --sft-scale vision=10 --sft-scale merger=10")
-else  # proposed next (not run yet): longer SFT, the vision lever with detours masked or none, a gentler RL lr
+else  # SET=next (never run): longer SFT, the vision lever with detours masked or none, a gentler RL lr
   vis10="--sft-scale vision=10 --sft-scale merger=10"
   V=([small_vis10]="$small --set optim.lr=1e-4 $vis10"
      [small_vis10_mask]="$small --set optim.lr=1e-4 $vis10 --mask-detours"
      [small_vis10_noise0]="$small --set optim.lr=1e-4 --set $noise0 $vis10"
      [small_vis30_mask]="$small --set optim.lr=1e-4 --sft-scale vision=30 --sft-scale merger=30 --mask-detours")
 fi
+threads=$((16 / ${#V[@]}))  # the host's 16 cores shared out: each process renders its own episodes
 for name in "${!V[@]}"; do
-  OMP_NUM_THREADS=3 timeout "${LIMIT:-470}" python3 benchmarks/maze_curriculum.py --out /tmp/mv/$name --plan $plan \
+  OMP_NUM_THREADS=$threads timeout "${LIMIT:-470}" python3 benchmarks/maze_curriculum.py --out /tmp/mv/$name --plan $plan \
     ${V[$name]} > /tmp/mv_$name.log 2>&1 &
 done
 wait

@@ -4,7 +4,9 @@ Grid: ``maze_map[row, col]``, 1 = wall, 0 = floor, outer ring of walls included 
 Cells sit at odd absolute coordinates; Wilson's loop-erased random walk carves a uniform spanning
 tree over them (a perfect maze: one path between any two tiles). Start and goal sit on opposite
 interior corners. Frames are ``[H*25, W*25, 3]`` uint8: floor white, wall gray, goal tile red,
-agent a blue disc of radius 6.25 px at its tile centre.
+agent a blue disc of radius 6.25 px at its tile centre. ``tile`` changes the 25 px tile (the disc keeps
+a quarter of it): at 28 px, a multiple of the Qwen-VL processors' 28 px merge unit, each merged vision
+token covers exactly one tile, where 25 px tiles are resized and straddle token boundaries.
 
 Actions are ``Discrete(5)``: 0 right, 1 up, 2 left, 3 down (VisGym's direction ids) and 4 stop.
 Only ``stop`` ends the episode, with reward 1.0 iff the agent is on the goal. The text side
@@ -38,11 +40,12 @@ FEEDBACK_OK = "Action executed successfully."
 FEEDBACK_WALL = "Cannot move into a wall."
 
 
-def _disc_mask() -> np.ndarray:
-    """``[TILE, TILE]`` bool: pixel centres within AGENT_RADIUS of the tile centre."""
-    centres = np.arange(TILE) + 0.5
-    dy, dx = np.meshgrid(centres - TILE / 2, centres - TILE / 2, indexing="ij")
-    return dy * dy + dx * dx <= AGENT_RADIUS * AGENT_RADIUS
+def _disc_mask(tile: int = TILE) -> np.ndarray:
+    """``[tile, tile]`` bool: pixel centres within ``tile / 4`` (AGENT_RADIUS at 25 px) of the tile centre."""
+    centres = np.arange(tile) + 0.5
+    dy, dx = np.meshgrid(centres - tile / 2, centres - tile / 2, indexing="ij")
+    radius = AGENT_RADIUS * tile / TILE
+    return dy * dy + dx * dx <= radius * radius
 
 
 DISC = _disc_mask()
@@ -94,42 +97,51 @@ def corner_pair(height: int, width: int, k: int) -> tuple[tuple[int, int], tuple
     return pairs[k]
 
 
-def render_background(maze_map: np.ndarray, target: tuple[int, int]) -> np.ndarray:
-    """Walls, floor and the goal tile, ``[H*TILE, W*TILE, 3]`` uint8 (everything but the agent)."""
+def render_background(maze_map: np.ndarray, target: tuple[int, int], tile: int = TILE) -> np.ndarray:
+    """Walls, floor and the goal tile, ``[H*tile, W*tile, 3]`` uint8 (everything but the agent)."""
     colours = np.array([FLOOR, WALL], dtype=np.uint8)
-    frame = np.repeat(np.repeat(colours[maze_map], TILE, axis=0), TILE, axis=1)
+    frame = np.repeat(np.repeat(colours[maze_map], tile, axis=0), tile, axis=1)
     tr, tc = target
-    frame[tr * TILE : (tr + 1) * TILE, tc * TILE : (tc + 1) * TILE] = TARGET
+    frame[tr * tile : (tr + 1) * tile, tc * tile : (tc + 1) * tile] = TARGET
     return frame
 
 
 def render_maze(
-    maze_map: np.ndarray, agent: tuple[int, int], target: tuple[int, int], background: np.ndarray | None = None
+    maze_map: np.ndarray,
+    agent: tuple[int, int],
+    target: tuple[int, int],
+    background: np.ndarray | None = None,
+    tile: int = TILE,
 ) -> np.ndarray:
-    """The frame ``[H*TILE, W*TILE, 3]`` uint8 for a maze state (``background`` reused when given)."""
-    frame = render_background(maze_map, target) if background is None else background.copy()
+    """The frame ``[H*tile, W*tile, 3]`` uint8 for a maze state (``background`` reused when given)."""
+    frame = render_background(maze_map, target, tile) if background is None else background.copy()
     ar, ac = agent
-    tile = frame[ar * TILE : (ar + 1) * TILE, ac * TILE : (ac + 1) * TILE]
-    tile[DISC] = AGENT
+    cell = frame[ar * tile : (ar + 1) * tile, ac * tile : (ac + 1) * tile]
+    cell[DISC if tile == TILE else _disc_mask(tile)] = AGENT
     return frame
 
 
 class Maze2DEnv(gym.Env):
-    """The VisGym maze as a gymnasium env; see the module docstring. Sizes must be odd and >= 5."""
+    """The VisGym maze as a gymnasium env; see the module docstring. Sizes must be odd and >= 5; ``tile``
+    (px per maze tile, VisGym's 25 by default) at least 4."""
 
     metadata = {"render_modes": ["rgb_array", "ansi"], "render_fps": 4}
 
-    def __init__(self, maze_width: int = 11, maze_height: int = 11, render_mode: str | None = "rgb_array"):
+    def __init__(
+        self, maze_width: int = 11, maze_height: int = 11, render_mode: str | None = "rgb_array", tile: int = TILE
+    ):
         if maze_width % 2 == 0 or maze_height % 2 == 0 or min(maze_width, maze_height) < 5:
             raise ValueError(f"maze sizes must be odd and >= 5, got {maze_height}x{maze_width}")
-        self.width, self.height = int(maze_width), int(maze_height)
+        if isinstance(tile, bool) or not isinstance(tile, int) or tile < 4:
+            raise ValueError(f"maze tile must be an int of at least 4 px, got {tile!r}")
+        self.width, self.height, self.tile = int(maze_width), int(maze_height), tile
         self.render_mode = render_mode
         self.action_space = spaces.Discrete(5)
-        self.observation_space = spaces.Box(0, 255, (self.height * TILE, self.width * TILE, 3), np.uint8)
+        self.observation_space = spaces.Box(0, 255, (self.height * tile, self.width * tile, 3), np.uint8)
         self.maze_map = np.ones((self.height, self.width), dtype=np.int8)
         self.agent = (1, 1)
         self.target = (self.height - 2, self.width - 2)
-        self._background = render_background(self.maze_map, self.target)
+        self._background = render_background(self.maze_map, self.target, tile)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """New maze from ``np_random`` (re-seeded by ``seed``); ``options={"init_state": {...}}`` restores one."""
@@ -145,7 +157,7 @@ class Maze2DEnv(gym.Env):
             walk_rng = random.Random(int(self.np_random.integers(2**32)))
             self.maze_map = generate_maze(self.height, self.width, walk_rng)
             self.agent, self.target = corner_pair(self.height, self.width, int(self.np_random.integers(0, 4)))
-        self._background = render_background(self.maze_map, self.target)  # static per maze: drawn once
+        self._background = render_background(self.maze_map, self.target, self.tile)  # static per maze: drawn once
         return self._obs(), self._info(FEEDBACK_OK)
 
     def step(self, action: int):
@@ -186,7 +198,7 @@ class Maze2DEnv(gym.Env):
         }
 
     def _obs(self) -> np.ndarray:
-        return render_maze(self.maze_map, self.agent, self.target, self._background)
+        return render_maze(self.maze_map, self.agent, self.target, self._background, self.tile)
 
     def _info(self, feedback: str) -> dict[str, Any]:
         distance = abs(self.agent[0] - self.target[0]) + abs(self.agent[1] - self.target[1])

@@ -120,6 +120,12 @@ SMALL: dict[str, Any] = {
 rather than in ``vlrl.models.archs.SIZES`` (the config's ``model.size`` choices and their goldens stay as
 they are): runs use it through ``model.path``."""
 
+SMALL_WINDOW = 224
+"""The small model's vision window in px (vlrl's sizes use Qwen2.5-VL's 112). Every maze frame fits one
+224 px window after the processor's resize (at most 224 x 224 px), so the windowed blocks attend over the
+whole frame: a 140 px frame (5x5 at 28 px tiles, 5 x 5 merged tokens) would otherwise split into 4 windows,
+and transformers runs SDPA once per window outside flash attention (4x the kernel launches per image)."""
+
 
 def small_checkpoint(arch: str = "qwen2_5_vl", seed: int = 0) -> Path:
     """The random-init :data:`SMALL` checkpoint (tiny's tokenizer and image processor), built once into the
@@ -131,15 +137,16 @@ def small_checkpoint(arch: str = "qwen2_5_vl", seed: int = 0) -> Path:
     from vlrl.models.build import build_processor, default_cache_root, init_weights_
     from vlrl.models.tokenizer import MODEL_VOCAB_SIZE, special_tokens
 
-    path = default_cache_root() / "models" / f"{arch}-maze_small-seed{seed}"
+    path = default_cache_root() / "models" / f"{arch}-maze_small-w{SMALL_WINDOW}-seed{seed}"
     if (path / "vlrl_model.json").exists():
         return path
     size = dataclasses.replace(SIZES["tiny"], **SMALL)
     ids = special_tokens(arch)
     torch.manual_seed(seed)
-    model = AutoModelForImageTextToText.from_config(
-        AutoConfig.for_model(**config_dict(arch, size, MODEL_VOCAB_SIZE, ids)), dtype=torch.float32
-    )
+    config = config_dict(arch, size, MODEL_VOCAB_SIZE, ids)
+    if arch == "qwen2_5_vl":
+        config["vision_config"]["window_size"] = SMALL_WINDOW
+    model = AutoModelForImageTextToText.from_config(AutoConfig.for_model(**config), dtype=torch.float32)
     init_weights_(model, seed, size.init_std)
     model.tie_weights()
     model.generation_config = GenerationConfig(
@@ -149,7 +156,8 @@ def small_checkpoint(arch: str = "qwen2_5_vl", seed: int = 0) -> Path:
     model.save_pretrained(tmp)
     build_processor(arch, "tiny").save_pretrained(tmp)
     n_params = sum(p.numel() for p in model.parameters())
-    manifest = {"arch": arch, "size": "maze_small", "seed": seed, "n_params": n_params, "builder": __name__}
+    manifest = {"arch": arch, "size": "maze_small", "window": SMALL_WINDOW, "seed": seed, "n_params": n_params}
+    manifest["builder"] = __name__
     (tmp / "vlrl_model.json").write_text(json.dumps(manifest) + "\n")
     if (path / "vlrl_model.json").exists():  # another process built it meanwhile
         shutil.rmtree(tmp)

@@ -136,7 +136,8 @@ def action_text(action: int, mode: str) -> str:
 
 
 def make_maze2d(level: str, extras: Mapping[str, Any], seed: int | None) -> GymTextEnv:
-    """``maze2d/<level>``. extras: ``action_mode`` ("keyword" | "tuple"), ``max_turns`` (default per level)."""
+    """``maze2d/<level>``. extras: ``action_mode`` ("keyword" | "tuple"), ``max_turns`` (default per level),
+    ``tile`` (px per maze tile, VisGym's 25 by default; see :mod:`vlrl.envs.maze2d`)."""
     if level not in LEVELS:
         raise EnvError(f"unknown maze2d level {level!r}; expected one of {sorted(LEVELS)}")
     mode = str(extras.get("action_mode", "keyword"))
@@ -144,11 +145,14 @@ def make_maze2d(level: str, extras: Mapping[str, Any], seed: int | None) -> GymT
         raise EnvError(f"maze2d action_mode must be 'keyword' or 'tuple', got {mode!r}")
     size = LEVELS[level]["size"]
     max_turns = int(extras.get("max_turns", LEVELS[level]["max_turns"]))
+    tile = extras.get("tile", 25)
+    if isinstance(tile, bool) or not isinstance(tile, int) or tile < 4:
+        raise EnvError(f"maze2d extras tile must be an int of at least 4 (px per tile), got {tile!r}")
     parser = parse_tuple_action if mode == "tuple" else parse_keyword_action
     # The class directly rather than gymnasium.make: no passive-checker overhead per step; the same
     # class is registered with gymnasium (vlrl/Maze2D-v0) for anyone who wants it from there.
     return GymTextEnv(
-        Maze2DEnv(maze_width=size, maze_height=size),
+        Maze2DEnv(maze_width=size, maze_height=size, tile=tile),
         parser=parser,
         prompt=maze_prompt(size, size, mode),
         max_turns=max_turns,
