@@ -89,6 +89,7 @@ def run_bench(config: BenchConfig, save: Callable[[dict[str, Any]], Any] | None 
     result["multi_turn"], trajectories = rollout_turns(
         renderer, engine, episodes=config.episodes, turns=config.turns, max_tokens=config.turn_tokens
     )
+    result["multi_turn"]["engine_reuse"] = dict(engine.stats)  # columns reused / prefilled, images encoded
     result["agreement"] = {
         "embedded": agreement(model, trajectories, config.dtype, config.micro_batch),
         "hf_generate": {"skipped": "a baseline only: HF generate reports no logprobs under vlrl's contract"},

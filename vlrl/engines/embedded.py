@@ -6,6 +6,12 @@ finish. One :meth:`EmbeddedEngine.generate` call is queued as one unit, so its p
 batch (what the batch-invariance check, ``vlrl.checks.batch_invariance``, relies on). Positions are
 explicit mRoPE ids from the image grids (``vlrl.models.positions``), the same function the trainer
 uses. Vision placeholder ids are never sampled. New weights arrive in memory between batches.
+
+**Reuse** (``vlrl.engines.reuse``): image features are cached by content hash, and a finished request's
+keys / values stay cached by token prefix, so a multi-turn turn prefills only what is new since its previous
+turn and encodes only its new images. The batch is laid out as without reuse (left-padded ``[B, W]``, same
+mask and positions); only its first ``W - S`` columns come from the cache, ``S`` the longest part any row
+must recompute (a row with nothing cached makes it the whole batch: then nothing is reused).
 """
 
 from __future__ import annotations
@@ -21,6 +27,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from vlrl.engines.reuse import (
+    PrefixCache,
+    VisionCache,
+    cached_prefix,
+    new_embeddings,
+    prefix_entry,
+    weights_fingerprint,
+)
 from vlrl.engines.sampling import contract_logprobs, effective_temperature, fp32_logits, sample_tokens, top_logprobs
 from vlrl.engines.types import Engine, FinishReason, Generation, NamedTensors, SamplingParams
 from vlrl.errors import ContextOverflowError
@@ -38,6 +52,7 @@ class _Request:
     max_new: int
     future: Future
     ids: list[int] = field(default_factory=list)
+    sampled: list[int] = field(default_factory=list)  # every sampled token, even those a stop string cuts
     logprobs: list[float] = field(default_factory=list)
     top: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
     finish: Generation | None = None
@@ -46,7 +61,16 @@ class _Request:
 class EmbeddedEngine:
     """Token-in/token-out generation with honest logprobs (see the contract in ``engines.types``)."""
 
-    def __init__(self, model, tokenizer, *, max_batch: int = 64, max_context: int | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        max_batch: int = 64,
+        max_context: int | None = None,
+        image_cache_bytes: int = 256 << 20,
+        prefix_cache_bytes: int = 1 << 30,
+    ):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch = max_batch
@@ -61,6 +85,10 @@ class EmbeddedEngine:
         self._queue: queue.Queue[list[_Request]] = queue.Queue()  # units: one submit or one generate call
         self._held: list[_Request] | None = None  # a unit that did not fit the last batch: first in the next
         self._worker: threading.Thread | None = None
+        self._vision = VisionCache(image_cache_bytes)  # on the model's device: 0 bytes turns it off
+        self._prefix = PrefixCache(prefix_cache_bytes)
+        self._fingerprint: int | None = None
+        self.stats = {"images_encoded": 0, "prefill_columns": 0, "reused_columns": 0}
 
     @classmethod
     def from_pretrained(
@@ -160,20 +188,28 @@ class EmbeddedEngine:
 
     @torch.no_grad()
     def _decode(self, requests: list[_Request]) -> None:
-        """Run ``requests`` to completion as one batch: a left-padded prefill with all images, then one
-        token per step with a KV cache; finished rows leave the batch and the cache. Logits come from
-        the decoder's last hidden state through the LM head in fp32 (``fp32_logits``, as the trainer)."""
-        from transformers import DynamicCache
-
+        """Run ``requests`` to completion as one batch: a left-padded prefill (from the cached prefix on), then
+        one token per step with a KV cache; finished rows leave the batch and the cache (their keys / values
+        stay in the prefix cache). Logits come from the decoder's last hidden state through the LM head in
+        fp32 (``fp32_logits``, as the trainer)."""
         model, device = self.model, self.device
+        self._check_weights()
         inputs = self._prefill_inputs(requests)
-        positions = mrope_positions(model, inputs["input_ids"], inputs["attention_mask"], inputs["image_grid_thw"])
-        next_pos = positions.amax(dim=(0, 2)) + 1  # [B]: text after the prompt continues on all three axes
-        cache = DynamicCache(config=model.config)
-        head = model.get_output_embeddings()
-        hidden = model.model(**inputs, position_ids=positions, past_key_values=cache, use_cache=True).last_hidden_state
-        logits = fp32_logits(head, hidden[:, -1])
         attn = inputs["attention_mask"]
+        positions = mrope_positions(model, inputs["input_ids"], attn, inputs["image_grid_thw"])
+        next_pos = positions.amax(dim=(0, 2)) + 1  # [B]: text after the prompt continues on all three axes
+        cache, start = self._cached_prefix(requests, attn.shape[1])
+        embeds, extra = self._new_embeddings(requests, inputs["input_ids"], start)
+        head = model.get_output_embeddings()
+        hidden = model.model.language_model(
+            inputs_embeds=embeds,
+            attention_mask=attn,
+            position_ids=positions[:, :, start:],
+            past_key_values=cache,
+            use_cache=True,
+            **extra,
+        ).last_hidden_state
+        logits = fp32_logits(head, hidden[:, -1])
         active = list(range(len(requests)))  # request index of each batch row
         gens = [_generator(r.params, device) for r in requests]
         temps = torch.tensor([effective_temperature(r.params.temperature) for r in requests])
@@ -183,11 +219,12 @@ class EmbeddedEngine:
             contract = contract_logprobs(logits, temps[active], self.banned_ids)
             lps = contract.gather(1, tokens[:, None])[:, 0]
             tops = top_logprobs(contract, [r.params.logprobs_topk for r in rows])
-            keep = [
-                row
-                for row, (i, tok, lp) in enumerate(zip(active, tokens.tolist(), lps.tolist()))
-                if self._step(requests[i], tok, lp, tops[row])
-            ]
+            keep = []
+            for row, (i, tok, lp) in enumerate(zip(active, tokens.tolist(), lps.tolist())):
+                if self._step(requests[i], tok, lp, tops[row]):
+                    keep.append(row)
+                else:
+                    self._remember(requests[i], cache, row)
             if not keep:
                 return
             if len(keep) < len(active):  # drop finished rows from the batch and the cache
@@ -204,7 +241,7 @@ class EmbeddedEngine:
             next_pos = next_pos + 1
 
     def _prefill_inputs(self, requests: list[_Request]) -> dict:
-        """Left-padded ``input_ids`` / ``attention_mask`` ``[B, L]`` and the batch's vision tensors."""
+        """Left-padded ``input_ids`` / ``attention_mask`` ``[B, L]`` and the batch's ``image_grid_thw``."""
         width = max(len(r.prompt.token_ids) for r in requests)
         ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(requests), width), dtype=torch.long)
@@ -212,19 +249,50 @@ class EmbeddedEngine:
             n = len(r.prompt.token_ids)
             ids[b, width - n :] = torch.tensor(r.prompt.token_ids, dtype=torch.long)
             mask[b, width - n :] = 1
-        vision = [r.prompt.vision() for r in requests if r.prompt.n_images]
-        pixels = torch.cat([v[0] for v in vision]).to(self.device, self.model.dtype) if vision else None
-        grid = torch.cat([v[1] for v in vision]).to(self.device) if vision else None
+        grids = [r.prompt.vision()[1] for r in requests if r.prompt.n_images]
         return {
             "input_ids": ids.to(self.device),
             "attention_mask": mask.to(self.device),
-            "pixel_values": pixels,
-            "image_grid_thw": grid,
+            "image_grid_thw": torch.cat(grids).to(self.device) if grids else None,
         }
+
+    # ------------------------------------------------------------------ reuse (vlrl.engines.reuse)
+
+    def clear_caches(self) -> None:
+        """Forget every cached image feature and prefix (a benchmark's cold start)."""
+        with self._lock:
+            self._vision.clear()
+            self._prefix.clear()
+
+    def _check_weights(self) -> None:
+        """Cached features and keys / values hold for the weights that computed them: any change clears them."""
+        fingerprint = weights_fingerprint(self.model)
+        if fingerprint != self._fingerprint:
+            self._vision.clear()
+            self._prefix.clear()
+            self._fingerprint = fingerprint
+
+    def _cached_prefix(self, requests: list[_Request], width: int):
+        cache, start, recompute = cached_prefix(self._prefix, self.model, [r.prompt for r in requests], width)
+        self.stats["prefill_columns"] += recompute * len(requests)
+        self.stats["reused_columns"] += start * len(requests)
+        return cache, start
+
+    def _new_embeddings(self, requests: list[_Request], ids: torch.Tensor, start: int) -> tuple[torch.Tensor, dict]:
+        before = self._vision.encoded
+        out = new_embeddings(self._vision, self.model, [r.prompt for r in requests], ids, start)
+        self.stats["images_encoded"] += self._vision.encoded - before
+        return out
+
+    def _remember(self, r: _Request, cache, row: int) -> None:
+        """Keep a finished row's keys / values (its prompt and every generated token fed back) in the prefix cache."""
+        if self._prefix.enabled:
+            self._prefix.add(prefix_entry(r.prompt, r.sampled[:-1], cache, row))
 
     def _step(self, r: _Request, token: int, logprob: float, top: tuple) -> bool:
         """Record one sampled token; returns True while the request goes on."""
         r.ids.append(token)
+        r.sampled.append(token)
         r.logprobs.append(logprob)
         r.top.append(top)
         p = r.params

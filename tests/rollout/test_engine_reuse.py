@@ -1,0 +1,98 @@
+"""The embedded engine's reuse (``vlrl.engines.reuse``): multi-turn rollouts served from cached image features
+and cached conversation-prefix keys / values sample with the logprobs of a fresh forward, the vision tower
+runs once per distinct image, and changed weights never meet stale caches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rollout_env import probe_row
+
+from vlrl.checks.logprobs import full_forward_logprobs
+from vlrl.engines.embedded import EmbeddedEngine
+from vlrl.engines.types import SamplingParams
+from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
+
+FP32_BOUND = 1e-4
+
+
+class RecordingEngine(EmbeddedEngine):
+    """The real engine; each request's prompt and generation are kept for the checks."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.records: list = []
+
+    async def agenerate(self, prompt, params=SamplingParams()):
+        gen = await super().agenerate(prompt, params)
+        self.records.append((prompt, gen))
+        return gen
+
+
+def count_encoded_images(monkeypatch, model) -> list[int]:
+    """``[n]``: images the vision tower has been given since (its grids' rows), counted on the real tower."""
+    visual, seen = model.model.visual, [0]
+    forward = visual.forward
+
+    def counting(pixels, grid_thw=None, **kwargs):
+        seen[0] += int(grid_thw.shape[0])
+        return forward(pixels, grid_thw=grid_thw, **kwargs)
+
+    monkeypatch.setattr(visual, "forward", counting)
+    return seen
+
+
+def rollout(bundle, engine):
+    cfg = RolloutConfig(sampling=SamplingParams(temperature=1.0, max_tokens=6), repeats=2, seed=5, progress=False)
+    rows = [probe_row(["image", "image", "two_images"], seed=1), probe_row(["image", "text"], seed=2)]
+    return RolloutGenerator(bundle.renderer, engine, cfg).run(rows)
+
+
+@pytest.mark.parametrize("arch_name", ["qwen2_5_vl", "qwen3_vl"])  # qwen3_vl: deepstack features reused too
+def test_reused_turns_sample_fresh_forward_logprobs_and_encode_each_image_once(tiny, probe_env, monkeypatch, arch_name):
+    b = tiny(arch_name)
+    engine = RecordingEngine(b.model, b.tokenizer)
+    encoded = count_encoded_images(monkeypatch, b.model)
+    trajs = rollout(b, engine)
+    assert all(t.error is None for t in trajs) and max(len(t.turns) for t in trajs) == 4
+    distinct = {h for p, _ in engine.records for h in p.image_hashes}
+    assert encoded[0] == engine.stats["images_encoded"] == len(distinct), (encoded, len(distinct))
+    assert engine.stats["reused_columns"] > 0  # later turns start from their previous turn's keys / values
+    worst = 0.0
+    for prompt, gen in engine.records:
+        ref = full_forward_logprobs(b.model, prompt, gen.token_ids, 1.0)
+        worst = max(worst, (ref - torch.tensor(gen.logprobs)).abs().max().item())
+    assert worst <= FP32_BOUND, f"reused turns vs a fresh full forward: max |Δ| {worst}"
+
+
+def test_cached_path_equals_the_uncached_engine_and_weight_changes_clear_it(tiny, probe_env):
+    b = tiny("qwen2_5_vl")
+    model = b.model
+    engine = RecordingEngine(model, b.tokenizer)
+    rollout(b, engine)
+    last = [p for p, _ in engine.records if p.n_images >= 3]  # the latest turns: every earlier image and reply
+    params = SamplingParams(temperature=1.0, max_tokens=8, seed=11, ignore_eos=True, logprobs_topk=5)
+    uncached = EmbeddedEngine(model, b.tokenizer, image_cache_bytes=0, prefix_cache_bytes=0)
+
+    def agree(a, c):
+        for x, y in zip(a, c):
+            assert x.token_ids == y.token_ids
+            assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) <= FP32_BOUND
+
+    before = dict(engine.stats)
+    agree(engine.generate(last, params), uncached.generate(last, params))
+    assert engine.stats["reused_columns"] > before["reused_columns"] and uncached.stats["reused_columns"] == 0
+    assert engine.stats["images_encoded"] == before["images_encoded"]  # every image of these prompts was cached
+
+    head = model.get_output_embeddings().weight
+    emb = "model.visual.merger.mlp.2.weight"  # the vision projector: stale image features would keep the old one
+    original = {emb: dict(model.named_parameters())[emb].detach().clone(), "head": head.detach().clone()}
+    try:
+        engine.update_weights({emb: original[emb] * 1.5})
+        with torch.no_grad():
+            head.mul_(1.01)  # an in-place write without update_weights (a trainer sharing the model) counts too
+        agree(engine.generate(last, params), uncached.generate(last, params))
+    finally:
+        with torch.no_grad():
+            dict(model.named_parameters())[emb].copy_(original[emb])
+            head.copy_(original["head"])
