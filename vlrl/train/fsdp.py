@@ -138,16 +138,20 @@ def full_weights(model: torch.nn.Module, d: Dist) -> dict[str, torch.Tensor] | N
         params = dict(model.named_parameters())
         return {n: params[n].detach() for n in names}
     reshard(model)
+    groups = {prefix: m for prefix, m in model.named_modules() if isinstance(m, FSDPModule)}
+    owned: dict[str, list[str]] = {prefix: [] for prefix in groups}
+    root = next(prefix for prefix, m in groups.items() if m is model.model)
+    for name in names:  # the deepest group whose module holds it; the rest (an untied LM head) is the root's
+        holders = [p for p in groups if p and name.startswith(p + ".")]
+        owned[max(holders, key=len) if holders else root].append(name)
     found: dict[str, torch.Tensor] = {}
-    left = set(names)
-    for group in [m for m in model.modules() if isinstance(m, FSDPModule)]:
-        group.unshard()  # this group's parameters are now registered whole; the others stay DTensor shards
-        for name in [n for n in names if n in left and not isinstance(model.get_parameter(n), DTensor)]:
-            left.discard(name)
+    for prefix, group in groups.items():
+        group.unshard()  # this group's parameters are registered whole until reshard
+        for name in owned[prefix]:
+            whole = model.get_parameter(name)
+            if isinstance(whole, DTensor):
+                raise RuntimeError(f"full_weights: {name} is not in FSDP group {prefix!r}")
             if d.is_main:  # a copy: reshard frees the gathered storage
-                whole = model.get_parameter(name).detach()
-                found[name] = whole.to("cpu", copy=True) if d.world > 1 else whole.clone()
+                found[name] = whole.detach().to("cpu", copy=True) if d.world > 1 else whole.detach().clone()
         group.reshard()
-    if left:
-        raise RuntimeError(f"full_weights: parameters in no FSDP group: {sorted(left)[:5]}")
     return {n: found[n] for n in names} if d.is_main else None
