@@ -10,6 +10,7 @@ import pytest
 
 from vlrl.engines.types import SamplingParams
 from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
+from vlrl.vllm.capabilities import VllmCapabilities
 from vlrl.vllm.limits import VllmLimitError, episode_images, resolve_limits
 from vlrl.vllm.server import ServerConfig
 
@@ -76,7 +77,8 @@ def test_episode_images(env, extras, max_turns, want):
 
 def test_server_argv_carries_the_limits_and_not_the_key(model_dir):
     cfg = ServerConfig(str(model_dir), max_images_per_prompt=episode_images("maze2d/easy"))
-    argv, env = cfg.argv(8000), cfg.env()
+    cpu = VllmCapabilities("0.32.0", "cpu")  # the CI build (test_vllm_capabilities: the flags per build)
+    argv, env = cfg.argv(8000, cpu), cfg.env(cpu)
     assert argv[argv.index("--max-model-len") + 1] == "4096"
     assert json.loads(argv[argv.index("--limit-mm-per-prompt") + 1]) == {"image": 30, "video": 0}
     assert argv[argv.index("--middleware") + 1] == "vlrl.vllm.auth.ApiKeyMiddleware"

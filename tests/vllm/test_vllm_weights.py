@@ -71,7 +71,8 @@ def test_trainer_step_then_sync_serves_the_trainers_weights(vllm_stack, tiny, re
 
 def test_plain_vllm_reload_leaves_the_tied_head_stale(vllm_stack, tiny, tmp_path):
     """The root cause, shown: vLLM's own ``reload_weights`` re-packs the embedding but not the tied LM
-    head (its oneDNN-packed copy); ``vlrl_reload_weights`` re-packs it. Guards the worker extension."""
+    head (its oneDNN-packed copy); ``vlrl_reload_weights`` re-packs it. Guards the worker extension.
+    CUDA vLLM packs nothing (reference §1): there the plain reload already serves the new weights."""
     from vlrl.models.load import load_model
 
     stack, bundle = vllm_stack(ARCH), tiny(ARCH)
@@ -92,6 +93,9 @@ def test_plain_vllm_reload_leaves_the_tied_head_stale(vllm_stack, tiny, tmp_path
         rpc("reload_weights", weights_path=path)
         client.run(client.post(url, "/reset_encoder_cache", {}, what="reset"))  # (vlrl's sync does this too)
         err = rpc("vlrl_packed_error")["results"][0]["packed_error"]
+        if stack.config.capabilities().device == "cuda":  # no packed copies on CUDA: the plain reload serves it
+            assert err == {} and stack.engine.verify_weights(model) <= 1e-4
+            return
         assert err["language_model.lm_head"] > 1e-3 and err["language_model.model.embed_tokens"] == 0.0
         with pytest.raises(VllmServerError, match="does not hold"):
             stack.engine.verify_weights(model)

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from vlrl.errors import BadInputError
+from vlrl.vllm.capabilities import GENERATE, RENDER, VllmCapabilities, from_server
 from vlrl.vllm.server import VllmServerError
 
+__all__ = ["GENERATE", "RENDER", "ClientConfig", "VllmClient", "require"]
 _RETRY_STATUS = frozenset({502, 503, 504})
-RENDER = "/v1/chat/completions/render"
-GENERATE = "/inference/v1/generate"
 KEY_ENV = "VLRL_VLLM_API_KEY"
 """The key of servers vlrl attaches to (``VLRL_VLLM_URL``; ``vlrl serve`` prints it).
 Servers a stack starts get a fresh one."""
@@ -64,6 +64,8 @@ class VllmClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client = None
         self._lock = threading.Lock()
+        self._caps: VllmCapabilities | None = None
+        self._caps_lock: asyncio.Lock | None = None
 
     # ------------------------------------------------------------------ routing
 
@@ -84,6 +86,45 @@ class VllmClient:
     def mark_dead(self, url: str) -> None:
         """Stop routing to ``url`` (it was unreachable after the retries)."""
         self._dead.add(url)
+
+    # ------------------------------------------------------------------ what the servers support
+
+    async def acapabilities(self) -> VllmCapabilities:
+        """The servers' vLLM (``GET /version`` + ``GET /openapi.json`` of each, asked once): every server must
+        run the same version, and it must be one vlrl supports (else one :class:`VllmUnsupportedError`)."""
+        if self._caps is not None:
+            return self._caps
+        self._caps_lock = self._caps_lock or asyncio.Lock()
+        async with self._caps_lock:
+            if self._caps is None:
+                found = [await self._ask(url) for url in self.live_urls() or self.urls]
+                versions = {c.version for c in found}
+                if len(versions) != 1:
+                    raise VllmServerError(f"the servers {', '.join(self.urls)} run different vLLMs: {sorted(versions)}")
+                self._caps = found[0]
+        return self._caps
+
+    def capabilities(self) -> VllmCapabilities:
+        return self.run(self.acapabilities())
+
+    async def _ask(self, url: str) -> VllmCapabilities:
+        version = await self.get(url, "/version", what="vLLM version")
+        try:
+            openapi: dict | None = await self.get(url, "/openapi.json", what="vLLM routes")
+        except BadInputError:  # 404 under --disable-fastapi-docs: the version's defaults apply
+            openapi = None
+        return from_server(version, openapi).check(url)
+
+    async def get(self, url: str, path: str, *, what: str) -> dict:
+        """GET ``url + path`` (once: a server that does not answer its metadata routes is not usable)."""
+        import httpx
+
+        target = f"{url}{path}"
+        try:
+            resp = await self._http().get(target)
+        except httpx.HTTPError as exc:
+            raise VllmServerError(f"{what}: GET {target} failed: {type(exc).__name__}: {exc}") from None
+        return self._decode(resp, target, what)
 
     # ------------------------------------------------------------------ loop
 

@@ -26,7 +26,11 @@ they hold a given model's weights.
 **Stops** follow the embedded engine: stop strings end generation at the token that completes
 them; with ``include_stop_str_in_output=False`` the output is cut back to the whole tokens that
 end before the stop string (vLLM is asked to keep them; the cut is made here, with the same
-tokenizer rule). ``stop_reason`` is the stop string, the stop token id, or the eos id.
+tokenizer rule). ``stop_reason`` is the stop string, the stop token id, or the eos id; vLLM 0.26 reports
+no ``stop_reason``, so there the stop string is found in the decoded text (:meth:`VllmEngine._stop_reason`).
+
+**Wire shapes** follow the server's vLLM (``vlrl.vllm.capabilities``, asked once per client): logprob
+entries name their token as ``token_id`` (0.32) or ``"token_id:<id>"`` (0.26).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from vlrl.engines.types import Engine, Generation, NamedTensors, SamplingParams
 from vlrl.errors import ContextOverflowError
 from vlrl.models.tokenizer import VISION_TOKENS
 from vlrl.render.types import RenderedPrompt
+from vlrl.vllm.capabilities import VllmCapabilities, generated_logprobs
 from vlrl.vllm.client import GENERATE, ClientConfig, VllmClient, require
 from vlrl.vllm.limits import model_limits
 from vlrl.vllm.renderer import generate_features
@@ -129,8 +134,9 @@ class VllmEngine:
         seed is deterministic and every server holds the same weights, so the answer is the same. The
         dead server is skipped from then on. With one server (or all dead) the error is raised."""
         body = self.request_body(prompt, params)
+        caps = await self.client.acapabilities()
         url, data, failed = await self.client.post_any(GENERATE, body, what="generate", route_key=route_key)
-        gen = self._generation(data, prompt, params, url + GENERATE)
+        gen = self._generation(data, prompt, params, url + GENERATE, caps)
         if failed:
             gen.meta["failed_over_from"] = failed
         return gen
@@ -174,23 +180,27 @@ class VllmEngine:
             "output_mode": "tokens",
         }
 
-    def _generation(self, data: dict, prompt: RenderedPrompt, params: SamplingParams, target: str) -> Generation:
+    def _generation(
+        self, data: dict, prompt: RenderedPrompt, params: SamplingParams, target: str, caps: VllmCapabilities
+    ) -> Generation:
         choices = require(data, "choices", list, target)
         if len(choices) != 1 or not isinstance(choices[0], dict):
             raise VllmServerError(f"{target} answered garbage: {len(choices)} choices, expected 1")
         c = choices[0]
         ids = [int(t) for t in require(c, "token_ids", list, target)]
-        content = (c.get("logprobs") or {}).get("content")
-        if (
-            not isinstance(content, list)
-            or len(content) != len(ids)
-            or any(e.get("token_id") != t for e, t in zip(content, ids))
-        ):
-            raise VllmServerError(f"{target} answered garbage: logprobs do not match the {len(ids)} generated tokens")
-        lps = [float(e["logprob"]) for e in content]
-        reason, stop_reason = c.get("finish_reason"), c.get("stop_reason")
+        lps = generated_logprobs((c.get("logprobs") or {}).get("content"), ids, caps)
+        if lps is None:
+            raise VllmServerError(
+                f"{target} answered garbage: logprobs do not match the {len(ids)} generated tokens "
+                f"(vLLM {caps.version}, entries named by {caps.logprob_ids})"
+            )
+        reason = c.get("finish_reason")
         if reason not in ("stop", "length"):
             raise VllmServerError(f"{target}: generation ended with finish_reason {reason!r} (aborted by the server?)")
+        if caps.reports_stop_reason:
+            stop_reason = c.get("stop_reason")
+        else:
+            stop_reason = self._stop_reason(ids, params) if reason == "stop" else None
         if reason == "stop" and stop_reason is None and ids:
             stop_reason = ids[-1]  # eos, reported like the embedded engine
         if isinstance(stop_reason, str) and not params.include_stop_str_in_output:
@@ -209,6 +219,21 @@ class VllmEngine:
             prompt_len=len(prompt.token_ids),
             meta=meta,
         )
+
+    def _stop_reason(self, ids: list[int], params: SamplingParams) -> str | None:
+        """For a vLLM that reports no ``stop_reason`` (0.26): the stop string that ended generation, found as
+        vLLM finds it — the first one to appear in the decoded text — or ``None`` (a stop token, eos or length).
+
+        A stop string ends generation at the token that completes it, so it is in the text only then: a
+        generation that ended on a stop token or eos contains none, and one cut by length may, only if it was
+        completed by the very last token (vLLM checks stops before length, so that case is a stop too)."""
+        if not params.stop or not ids:
+            return None
+        if ids[-1] in params.stop_token_ids or (ids[-1] in self.eos_ids and not params.ignore_eos):
+            return None
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        ends = {s: text.find(s) + len(s) for s in params.stop if s and s in text}
+        return min(ends, key=lambda s: ends[s]) if ends else None
 
     def _cut_before_stop(self, ids: list[int], lps: list[float], stop: str) -> tuple[list[int], list[float]]:
         at = self.tokenizer.decode(ids, skip_special_tokens=True).find(stop)

