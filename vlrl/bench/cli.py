@@ -101,6 +101,7 @@ def _summary(result: dict) -> dict:
         "hf_generate_tok_per_s": {n: t["tok_per_s"] for n, t in eng["hf_generate"].items()},
         "vllm": result["vllm"].get("skipped") or {k: v for k, v in result["vllm"].items() if k != "startup_seconds"},
         "turn_seconds": [t["seconds"] for t in result["multi_turn"]["per_turn"]],
+        "turn_increment_seconds": [t.get("increment_seconds") for t in result["multi_turn"]["per_turn"]],
         "train_tok_per_s": train["tok_per_s"],
         "mfu": train.get("mfu"),
         "agreement_max_abs": {k: v.get("max_abs", v.get("skipped")) for k, v in result["agreement"].items()},

@@ -4,8 +4,11 @@ A real rollout (``RolloutGenerator`` over ``episodes`` maze2d/5x5 episodes at on
 sampled actions: the random model never says "stop", so every episode runs all its turns) through a
 renderer and an engine wrapped to record when each render starts and each generation ends. Turn ``k``'s
 prompt holds ``k`` images (``k - 1`` earlier ones): its time is from its first render's start to its
-last generation's end, over all episodes (they advance together). The trajectories come back too, for
-the agreement check against the trainer.
+last generation's end, over all episodes (they advance together). Episodes overlap turns: one whose turn
+``k - 1`` ended early renders and queues turn ``k`` while the others still generate, so that span also holds
+waiting on turn ``k - 1`` (turn 1 has none). ``increment_seconds`` is what turn ``k`` adds to the rollout's
+wall time: its last generation's end minus turn ``k - 1``'s (turn 1: from its first render); the increments
+sum to the rollout. The trajectories come back too, for the agreement check against the trainer.
 """
 
 from __future__ import annotations
@@ -78,19 +81,22 @@ def rollout_turns(renderer, engine, *, episodes: int, turns: int, max_tokens: in
     t0 = time.perf_counter()
     trajectories = gen.run(rows)
     total = time.perf_counter() - t0
+    turns_seen = [k for k in sorted(clock.gen_end) if clock.render_start.get(k)]
+    ends = {k: max(clock.gen_end[k]) for k in turns_seen}
     per_turn = [
         {
             "turn": k,
             "earlier_images": k - 1,
-            "seconds": round(max(clock.gen_end[k]) - min(clock.render_start[k]), 4),
+            "seconds": round(ends[k] - min(clock.render_start[k]), 4),
+            "increment_seconds": round(ends[k] - ends.get(k - 1, min(clock.render_start[k])), 4),
             "render_seconds": round(clock.render_seconds[k], 4),
             "prompt_tokens_mean": round(sum(clock.prompt_tokens[k]) / len(clock.prompt_tokens[k]), 1),
             "requests": len(clock.gen_end[k]),
         }
-        for k in sorted(clock.gen_end)
-        if clock.render_start.get(k)
+        for k in turns_seen
     ]
     first, last = per_turn[0]["seconds"], per_turn[-1]["seconds"]
+    inc_first, inc_last = per_turn[0]["increment_seconds"], per_turn[-1]["increment_seconds"]
     return {
         "env": ENV,
         "episodes": episodes,
@@ -98,5 +104,9 @@ def rollout_turns(renderer, engine, *, episodes: int, turns: int, max_tokens: in
         "max_tokens": max_tokens,
         "total_seconds": round(total, 4),
         "last_over_first_turn": round(last / first, 3) if first else None,
+        "last_over_first_increment": round(inc_last / inc_first, 3) if inc_first else None,
+        "max_over_first_increment": round(max(t["increment_seconds"] for t in per_turn) / inc_first, 3)
+        if inc_first
+        else None,
         "per_turn": per_turn,
     }, trajectories
