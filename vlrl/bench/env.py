@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import subprocess
 import time
@@ -29,21 +30,32 @@ def versions() -> dict[str, str | None]:
     return out
 
 
+COMMIT_ENV = "VLRL_BENCH_COMMIT"
+"""Set to the commit a source copy was exported from (``git archive``) when the bench runs from that copy:
+a copy has no ``.git`` of its own, and git would otherwise describe whichever checkout encloses it."""
+
+
 def git_commit() -> dict[str, object]:
     """The checkout's commit and whether the tree had uncommitted changes (a number from a dirty tree says so)."""
     root = Path(__file__).resolve().parents[2]
+    exported = os.environ.get(COMMIT_ENV)
+    if exported:
+        return {"commit": exported, "dirty": False, "dirty_paths": [], "source": f"an export of it (${COMMIT_ENV})"}
+    if not (root / ".git").exists():
+        return {"commit": None, "dirty": None, "dirty_paths": None, "source": f"not a git checkout (set ${COMMIT_ENV})"}
 
     def git(*args: str) -> str | None:
         try:
             return subprocess.run(
                 ["git", *args], cwd=root, capture_output=True, text=True, timeout=10, check=True
-            ).stdout.strip()
+            ).stdout.rstrip()  # rstrip: porcelain lines begin with a status column that may be a space
         except (OSError, subprocess.SubprocessError):
             return None
 
     status = git("status", "--porcelain", "--untracked-files=no")
     dirty = None if status is None else [line[3:] for line in status.splitlines()]
-    return {"commit": git("rev-parse", "HEAD"), "dirty": None if dirty is None else bool(dirty), "dirty_paths": dirty}
+    commit = (git("rev-parse", "HEAD") or "").strip() or None
+    return {"commit": commit, "dirty": None if dirty is None else bool(dirty), "dirty_paths": dirty}
 
 
 def sync(device: str) -> None:
