@@ -160,7 +160,15 @@ def _cpu_name() -> str:
 
 
 def _commit() -> str:
+    """The commit measured: ``$VLRL_BENCH_COMMIT`` for an exported copy (no ``.git`` of its own: git would
+    describe an enclosing checkout), else this checkout's HEAD (``+dirty`` with uncommitted vlrl/ changes)."""
+    import os
+
     root = Path(__file__).resolve().parents[1]
+    if os.environ.get("VLRL_BENCH_COMMIT"):
+        return os.environ["VLRL_BENCH_COMMIT"] + " (an exported copy)"
+    if not (root / ".git").exists():
+        return "unknown (not a git checkout; set VLRL_BENCH_COMMIT)"
     sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "vlrl"], cwd=root, capture_output=True, text=True)
     return sha + ("+dirty" if dirty.stdout.strip() else "")
