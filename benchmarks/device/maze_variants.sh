@@ -4,8 +4,8 @@
 # of every variant tarred under $OUT. Usage (device tool, from .clean, carry .clean):
 #   [SET=tile|next|first] [PLAN=level:sft_s:rl_s:pool] LIMIT=565 bash benchmarks/device/maze_variants.sh
 # SET=first with PLAN=5x5:230:150:48 LIMIT=440 made benchmarks/results/maze_curriculum_h100/variants_5x5
-# (sft.rows_per_step=32, micro_batch_size=16 then); SET=tile (the default) is the two-variant run of
-# benchmarks/results/maze_curriculum_h100/tile_5x5.
+# (sft.rows_per_step=32, micro_batch_size=16 then); SET=tile (the default) with PLAN=5x5:390:120:12 LIMIT=565
+# made benchmarks/results/maze_curriculum_h100/tile_5x5 (at b420c5d, where the recipe drew 28 px tiles).
 set -uo pipefail
 source benchmarks/device/env.sh
 python3 -c "from vlrl.models.build import cached_model_dir as c; from vlrl.envs.maze_curriculum import \
@@ -14,9 +14,10 @@ plan=${PLAN:-5x5:390:120:12}
 noise0='data.extras={"expert_noise":0.0}'
 small="--model small --set sft.lr=1e-3"
 declare -A V
-if [ "${SET:-tile}" = tile ]; then  # 28 px tiles (the recipe's) against VisGym's 25 px, detours masked
+if [ "${SET:-tile}" = tile ]; then  # 28 px tiles against VisGym's 25 px (the recipe's), detours masked
   common="$small --set optim.lr=1e-4 --sft-scale vision=10 --sft-scale merger=10 --mask-detours"
-  V=([tile28]="$common" [tile25]="$common --set data.extras={\"expert_noise\":0.15,\"tile\":25}")
+  V=([tile28]="$common --set data.extras={\"expert_noise\":0.15,\"tile\":28}"
+     [tile25]="$common --set data.extras={\"expert_noise\":0.15,\"tile\":25}")
 elif [ "${SET}" = first ]; then  # the variants of benchmarks/results/maze_curriculum_h100/variants_5x5
   V=([tiny_vis10]="--model tiny --set sft.lr=3e-3 --set optim.lr=1e-3 --sft-scale vision=10 --sft-scale merger=10"
      [small]="$small --set optim.lr=3e-4" [small_noise0]="$small --set optim.lr=3e-4 --set $noise0"
