@@ -90,6 +90,7 @@ def worker(args) -> None:
     from vlrl.train.batch import CollateSpec, collate
     from vlrl.train.config import OptimSection
     from vlrl.train.fsdp import full_weights, shard_model
+    from vlrl.train.master import round_masters_
     from vlrl.train.trainer import Trainer
 
     d = D.init_distributed(args.device) if args.mode == "fsdp" else D.Dist.single(args.device)
@@ -97,7 +98,7 @@ def worker(args) -> None:
     model_dir = cached_model_dir(args.arch, args.size)
     model = load_model(model_dir, dtype=torch.float32 if d.sharded else dtype, device=d.device)
     if d.sharded:
-        shard_model(model, d, dtype)
+        shard_model(round_masters_(model, dtype), d, dtype)
     model.train()
     trainer = Trainer(model, AlgoConfig(), OptimSection(micro_batch_size=args.micro_batch), lr=1e-5)
     trajs = trajectories(args, model_dir, args.rows * d.world)
@@ -105,16 +106,23 @@ def worker(args) -> None:
     local = D.local_batch(batch, D.share_of(batch.size, d.rank, d.world))
     times: dict[str, list[float]] = {"logprobs_s": [], "update_s": [], "sync_gather_s": [], "step_s": []}
     losses = []  # every step's loss over the global batch (the ranks' shares summed), warm-up included
+    before = full_weights(model, d)  # the first update's size per module group (plain vs FSDP: same?)
+    before = None if before is None else {n: t.detach().clone() for n, t in before.items()}
+    first: dict = {}
     for step in range(args.warmup + args.steps):
         if step == args.warmup and d.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         t = [_now(d)]
         trainer.logprobs(local)
         t.append(_now(d))
-        losses.append(D.all_reduce_sum([trainer.sft_step(local)["loss"]])[0])
+        metrics = trainer.sft_step(local)
+        losses.append(D.all_reduce_sum([metrics["loss"]])[0])
         t.append(_now(d))
-        full_weights(model, d)
+        after = full_weights(model, d)
         t.append(_now(d))
+        if step == 0:
+            first = {"metrics": metrics, "update": update_by_group(before, after)}
+            before = after = None
         if step >= args.warmup:
             for key, (a, b) in zip(("logprobs_s", "update_s", "sync_gather_s"), itertools.pairwise(t)):
                 times[key].append(b - a)
@@ -129,12 +137,31 @@ def worker(args) -> None:
         "tokens_per_step": tokens,
         "rows_per_step": batch.size,
         "losses": losses,
+        "first_step": first,
         **{k: v for k, v in times.items()},
         **{f"{k}_median": statistics.median(v) for k, v in times.items()},
     }
     Path(args.worker).write_text(json.dumps(result))
     if d.sharded:
         D.close_distributed()
+
+
+def update_by_group(before: dict | None, after: dict | None) -> dict:
+    """Per module group (the LM head on its own): the first update's norm and the fraction of the weights the
+    compute copy saw change. Rank 0 only (``{}`` elsewhere)."""
+    from vlrl.train.trainer import param_group
+
+    if before is None or after is None:
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    for name, b in before.items():
+        group = "lm_head" if name.startswith("lm_head") else param_group(name)
+        delta = after[name].float() - b.float()
+        g = out.setdefault(group, {"norm_sq": 0.0, "changed": 0.0, "numel": 0.0})
+        g["norm_sq"] += float(delta.pow(2).sum())
+        g["changed"] += float((delta != 0).sum())
+        g["numel"] += delta.numel()
+    return {k: {"update_norm": v["norm_sq"] ** 0.5, "changed_frac": v["changed"] / v["numel"]} for k, v in out.items()}
 
 
 def _now(d) -> float:

@@ -7,11 +7,11 @@ Both runs keep fp32 master weights and compute in bf16: the plain trainer in its
 the first step from identical weights (loss and gradient norm compared), then the policies compared token by token
 within the bf16 agreement bounds (``vlrl.checks.bounds``).
 
-Why SFT steps only: an RL step trains on the engine's samples, and two runs whose weights differ by bf16 rounding
-sample different tokens, so their RL steps see different data — Adam's first step then moves every weight by about
-``lr`` in whichever direction its own batch says. Measured on the H100 (2b, 2 SFT steps + 1 RL step at lr 1e-5):
-mean |Δ| 0.036 with a plain trainer whose bf16 weights dropped its updates, 0.177 once both kept fp32 masters — what
-one Adam step on different data gives. Comparing after the SFT steps removes that and isolates the trainers.
+Both start from the same masters: the checkpoint's weights rounded to bf16 (vlrl.train.master.round_masters_).
+Before that, FSDP2 started from the fp32 checkpoint and the plain trainer from its bf16 load: the same compute
+weights, different distances to the next rounding step. Measured on the H100 (2b, 2 SFT steps at lr 1e-4): mean
+|Δ| 0.177, colour tokens off by ~0.3 — also when an RL step followed, which this test's earlier version blamed.
+The comparison is after SFT steps, on the same expert batches; an RL step samples from each run's own engine.
 FSDP's RL path is proven equal to the one-process run on CPU (tests/train/test_fsdp.py, where both runs sample
 from one engine).
 """

@@ -50,6 +50,7 @@ from vlrl.train.checkpoint import (
 )
 from vlrl.train.config import TrainConfig
 from vlrl.train.fsdp import full_weights, shard_model
+from vlrl.train.master import round_masters_
 from vlrl.train.metrics import RunLog
 from vlrl.train.trainer import Trainer
 
@@ -93,6 +94,8 @@ class Run:
             device=self.dist.device,
             attention=m.attention,
         )
+        if masters:
+            round_masters_(model, self.dtype)  # the plain run's starting masters (vlrl.train.master)
         self.spec = CollateSpec.from_model(model)
         self.renderer, self.engine, self._close_engine = (
             self._inference_stack(model) if self.dist.is_main else (None, None, lambda: None)
