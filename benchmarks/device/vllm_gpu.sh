@@ -9,10 +9,11 @@ set -uo pipefail
 source /tmp/vw/assemble.sh || { echo "no vLLM bundle in /tmp/vw (carry its parts first)"; exit 3; }
 python3 -c "from importlib.metadata import version; import torch; print('vllm', version('vllm'), 'cuda', torch.cuda.is_available())"
 export CI=true  # a vLLM that does not import is a failure here, not a skip
+args=("$@"); [ ${#args[@]} -gt 0 ] || args=(tests/vllm)
 start=$SECONDS
 # SIGINT at the limit: pytest then still prints its failures and writes the reports
 timeout -s INT -k 30 ${LIMIT:-450} python3 -m pytest -p pytest_vlrl.plugin -o addopts="-p no:cacheprovider" -m vllm -rfE --tb=short \
-  --durations=15 ${@:-tests/vllm} --html=$OUT/vllm_gpu_tests.html --self-contained-html \
+  --durations=15 "${args[@]}" --html=$OUT/vllm_gpu_tests.html --self-contained-html \
   --junitxml=$OUT/vllm_gpu_tests.xml 2>&1 | tee $OUT/vllm_gpu_tests.log | tail -60
 echo "pytest -m vllm (CUDA vLLM) wall time: $((SECONDS - start)) s"
 # the four latest server logs (at most 8 files come back): a failed start names its cause there

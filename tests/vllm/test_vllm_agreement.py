@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from vlrl.train.forward import policy_forward
 
 pytestmark = pytest.mark.vllm
 TOL = 1e-4
-ROWS = [{"prompt": None, "env_class": "maze2d/easy", "extras": {}, "seed": s} for s in (0, 1)] + [
+ROWS: list[dict[str, Any]] = [{"prompt": None, "env_class": "maze2d/easy", "extras": {}, "seed": s} for s in (0, 1)] + [
     {"prompt": None, "env_class": "geometry", "extras": {}, "seed": s} for s in (5, 6)
 ]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.vllm
 ARCH = "qwen2_vl"
 DESTRUCTIVE = True
 N = 4
-ROWS = [{"prompt": None, "env_class": "maze2d/easy", "extras": {}, "seed": s} for s in range(N)]
+ROWS: list[dict[str, Any]] = [{"prompt": None, "env_class": "maze2d/easy", "extras": {}, "seed": s} for s in range(N)]
 
 
 class KillBeforeTurn1:

