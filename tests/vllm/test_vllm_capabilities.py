@@ -201,3 +201,20 @@ def test_026_pixels_in_the_model_dtype_are_accepted_and_widened():
         decode_pixels([item(bf16)], V032)
     with pytest.raises(Exception, match="torch.uint8, not normalised floats"):
         decode_pixels([item(torch.zeros(4, 1176, dtype=torch.uint8))], V026)
+
+
+def test_weight_digest_moves_with_any_value_and_only_then():
+    """The sync's checksums on every vLLM (``vlrl_weight_checksums``): equal for equal bytes, moved by one ulp,
+    by a swap of two values, or by a dtype change (runs where the tensor lives; here on the CPU)."""
+    torch = pytest.importorskip("torch")
+    from vlrl.vllm.worker import tensor_digest
+
+    w = torch.randn(33, 7, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    assert tensor_digest(w) == tensor_digest(w.clone())
+    bumped = w.clone()
+    bumped.view(torch.int16)[5, 3] += 1  # one bf16 ulp
+    swapped = w.clone()
+    swapped[0, 0], swapped[0, 2] = w[0, 2], w[0, 0]  # two words apart: a plain sum would not see it
+    assert not torch.equal(swapped, w)
+    others = {tensor_digest(t) for t in (bumped, swapped, w.float(), w[:, :6])}
+    assert len(others) == 4 and tensor_digest(w) not in others
