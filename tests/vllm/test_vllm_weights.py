@@ -113,3 +113,24 @@ def test_update_weights_refuses_unknown_names_and_shapes(vllm_stack):
         engine.update_weights({"model.nope.weight": torch.zeros(2)})
     with pytest.raises(ValueError, match="shape"):
         engine.update_weights({"model.language_model.norm.weight": torch.zeros(3)})
+
+
+def test_push_without_a_checkpoint_serves_the_trainers_weights(vllm_stack, tiny):
+    """``WeightSync.push``: the worker reloads tensors sent in the call itself (by value here; CUDA IPC handles on
+    a GPU, tests/gpu/test_vllm_gpu.py), the tied head re-packed as in the checkpoint sync."""
+    from vlrl.models.load import load_model
+
+    stack, bundle = vllm_stack(ARCH), tiny(ARCH)
+    model = load_model(bundle.path)
+    embed = dict(model.named_parameters())[EMBED]
+    with torch.no_grad():
+        embed.add_(0.05 * torch.randn(embed.shape, generator=torch.Generator().manual_seed(2)))
+    try:
+        version = stack.engine.weights.push({EMBED: embed}, transport="value")
+        assert version == stack.engine.weight_version
+        assert stack.engine.verify_weights(model) <= 1e-4
+        with pytest.raises(VllmServerError, match="does not hold"):
+            stack.engine.verify_weights(bundle.model)
+    finally:
+        stack.engine.reload_checkpoint()
+    assert stack.engine.verify_weights(bundle.model) <= 1e-4

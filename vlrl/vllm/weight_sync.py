@@ -22,13 +22,13 @@ that the reload happened — is proved by a logprob probe (:meth:`WeightSync.ver
 fixed text, against a forward of the trainer's model). Every route here needs the run's API key
 (``vlrl.vllm.auth``); the client sends it.
 
-**GPU hosts (designed, not exercised here)**: no disk round trip. vLLM's weight-transfer API
-(server flag ``--weight-transfer-config``, routes under ``VLLM_SERVER_DEV_MODE=1``):
-``POST /init_weight_transfer_engine {"init_info": {...}}`` once, joining the trainer rank and the
-vLLM workers in an NCCL group (backend ``nccl``; ``ipc`` when trainer and server share GPUs);
-per step: ``/pause?mode=keep``, ``/start_weight_update``, ``/update_weights {"update_info": ...}``
-while the trainer broadcasts the tensors, ``/finish_weight_update {"weight_version": v}``,
-``/resume``; verified by the same probe. See ``../shared/reference/vllm-versions.md`` §5.
+**Without a checkpoint** (:meth:`WeightSync.push`): the trainer's tensors go in the ``/collective_rpc`` call
+itself (``vlrl.vllm.tensor_transfer``), as CUDA IPC handles when trainer and server share a GPU — the worker
+extension copies from the trainer's memory into vLLM's weights, nothing through disk or the host — or as values
+(CPU, tests). Same pause / reset / resume around it, proved by the same probe. The IPC path was written after the
+GPU run of tests/vllm and has not run on a GPU yet (tests/gpu/test_vllm_gpu.py); the value path runs in
+tests/vllm. vLLM's own weight-transfer API (``--weight-transfer-config``, NCCL across GPUs) is not used: its
+0.26 IPC engine imports ray, which GPU hosts lack (``../shared/reference/vllm-versions.md`` §5).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from vlrl.vllm.checkpoint import CheckpointWriter, verify_checksums
 from vlrl.vllm.client import GENERATE, VllmClient
 from vlrl.vllm.renderer import VllmRenderer, generate_features
 from vlrl.vllm.server import VllmServerError
+from vlrl.vllm.tensor_transfer import Transport
 from vlrl.vllm.worker import HEAD_CHECK_TOL
 
 PROBE_TOL = 1e-4
@@ -78,8 +79,9 @@ class WeightSync:
         version = self.version + 1 if version is None else int(version)
         n_changed = len(self._writer.merge(named_tensors))
         path = self._writer.write(version)
+        rpc = {"method": "vlrl_reload_weights", "kwargs": {"weights_path": str(path)}}
         for url in self.client.live_urls():  # a server marked dead gets no more requests
-            self.client.run(self._reload(url, str(path), version, "weight sync", n_changed=n_changed))
+            self.client.run(self._reload(url, rpc, version, "weight sync", n_changed=n_changed))
         self._writer.prune(path)
         self.version = version
         if reference_model is not None:
@@ -91,24 +93,38 @@ class WeightSync:
 
         Unlike :meth:`update` this assumes nothing about what the servers held before (another client
         may have synced them), so no checksum comparison; prove the result with :meth:`verify`."""
-        path = str(path or self.model_dir)
+        rpc = {"method": "vlrl_reload_weights", "kwargs": {"weights_path": str(path or self.model_dir)}}
         for url in self.client.live_urls():
-            self.client.run(self._reload(url, path, version, "reload checkpoint"))
+            self.client.run(self._reload(url, rpc, version, "reload checkpoint"))
         self._writer = None
         self.version = version
 
-    async def _reload(self, url: str, path: str, version: int, what: str, *, n_changed: int | None = None) -> None:
+    def push(
+        self, named_tensors: NamedTensors, version: int | None = None, *, transport: Transport = "cuda_ipc"
+    ) -> int:
+        """Sync without a checkpoint: every live server reloads the given tensors straight from the call
+        (``vlrl.vllm.tensor_transfer``: CUDA IPC handles when trainer and server share a GPU, or values).
+        Partial updates reload only what is sent. The merged checkpoint of :meth:`update` is forgotten, so a later
+        partial :meth:`update` starts again from the served checkpoint. Prove the result with :meth:`verify`."""
+        from vlrl.vllm.tensor_transfer import encode_tensors
+
+        version = self.version + 1 if version is None else int(version)
+        payload, keep = encode_tensors(named_tensors, transport)
+        rpc = {"method": "vlrl_reload_from_tensors", "kwargs": {"payload": payload}}
+        for url in self.client.live_urls():
+            self.client.run(self._reload(url, rpc, version, f"weight push ({transport})"))
+        del keep  # the servers have copied out of the trainer's tensors
+        self._writer = None
+        self.version = version
+        return version
+
+    async def _reload(self, url: str, rpc: dict, version: int, what: str, *, n_changed: int | None = None) -> None:
         post = self.client.post
         caps = await self.client.acapabilities()
         before = await self._checksums(url) if n_changed is not None else None
         await post(url, "/pause?mode=wait", {}, what=f"{what} (pause)")
         try:
-            data = await post(
-                url,
-                "/collective_rpc",
-                {"method": "vlrl_reload_weights", "kwargs": {"weights_path": path}},
-                what=f"{what} (reload)",
-            )
+            data = await post(url, "/collective_rpc", rpc, what=f"{what} (reload)")
             check_packed(url, data)
             await self._reset_caches(url, what)
             if caps.has("/update_weight_version"):

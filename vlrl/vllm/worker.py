@@ -82,7 +82,9 @@ class VlrlWorkerExtension:
     if TYPE_CHECKING:  # provided by the vLLM worker class this is mixed into
         model_runner: Any
 
-        def reload_weights(self, *, weights_path: str, is_checkpoint_format: bool) -> None: ...
+        def reload_weights(
+            self, *, weights_path: str | None = None, weights_iterator: Any = None, is_checkpoint_format: bool
+        ) -> None: ...
 
     def vlrl_reload_weights(self, weights_path: str) -> dict:
         """``reload_weights`` from a checkpoint dir, then refresh and check the packed embedding/LM-head matmuls."""
@@ -91,6 +93,30 @@ class VlrlWorkerExtension:
         refreshed = refresh_packed_embeddings(model)
         errors = packed_head_error(model)
         return {"refreshed": refreshed, "packed_error": errors}
+
+    def vlrl_reload_from_tensors(self, payload: str) -> dict:
+        """``reload_weights`` from tensors sent in the call (``vlrl.vllm.tensor_transfer``: CUDA IPC handles of the
+        trainer's tensors on this GPU, or values), no disk; then the packed-head refresh and check as above."""
+        import torch
+
+        from vlrl.vllm.tensor_transfer import decode_tensors
+
+        names: list[str] = []
+
+        def tensors():
+            for name, t in decode_tensors(payload):
+                names.append(name)
+                yield name, t
+
+        self.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # every copy out of the trainer's memory done before the call returns
+        model = self.model_runner.get_model()
+        return {
+            "refreshed": refresh_packed_embeddings(model),
+            "packed_error": packed_head_error(model),
+            "n": len(names),
+        }
 
     def vlrl_weight_checksums(self) -> dict[str, str]:
         """``name -> tensor_digest`` of every parameter this worker serves (vLLM's own, fused names)."""
