@@ -122,7 +122,8 @@ def worker(args) -> None:
         t.append(_now(d))
         if step == 0:
             first = {"metrics": metrics, "update": update_by_group(before, after)}
-            before = after = None
+            before = None
+        after = None  # the engine copies what it is sent; a kept copy would count in the next step's peak
         if step >= args.warmup:
             for key, (a, b) in zip(("logprobs_s", "update_s", "sync_gather_s"), itertools.pairwise(t)):
                 times[key].append(b - a)
