@@ -161,7 +161,8 @@ def test_026_weight_sync_skips_the_routes_it_lacks(engine, tmp_path):
     try:
         assert client.capabilities() == VllmCapabilities("0.26.0", "unknown", V026_ROUTES)
         sync = WeightSync(client, engine.tokenizer, model="vlrl", model_dir=str(tmp_path))
-        client.run(sync._reload(url, str(tmp_path), 1, "t", n_changed=0))
+        rpc = {"method": "vlrl_reload_weights", "kwargs": {"weights_path": str(tmp_path)}}
+        client.run(sync._reload(url, rpc, 1, "t", n_changed=0))
     finally:
         client.close()
         server.shutdown()

