@@ -32,7 +32,7 @@ def load_model(path: str | os.PathLike, dtype=None, device: str = "cpu", attenti
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from vlrl.models.attention import ATTENTION, CHOICES
+    from vlrl.models.attention import ATTENTION, CHOICES, VISION
 
     attention = attention or ATTENTION
     if attention not in CHOICES:
@@ -40,5 +40,9 @@ def load_model(path: str | os.PathLike, dtype=None, device: str = "cpu", attenti
     model = AutoModelForImageTextToText.from_pretrained(
         str(path), dtype=dtype or torch.float32, attn_implementation=attention
     )
+    vision = getattr(model.config, "vision_config", None)
+    if attention == ATTENTION and vision is not None:
+        # Set after loading: a "flash" name given to from_pretrained would be checked for flash-attn itself.
+        vision._attn_implementation = VISION  # all images in one call (vlrl.models.attention)
     # transformers' decorator on PreTrainedModel.to types it as taking the model as first argument
     return model.to(device).eval()  # type: ignore[arg-type]
