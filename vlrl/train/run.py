@@ -88,12 +88,8 @@ class Run:
         # Sharded bf16 runs keep fp32 parameters as the master weights and compute in model.dtype
         # (vlrl.train.fsdp); a plain run keeps them in the optimizer (vlrl.train.master).
         masters = self.dist.sharded and cfg.optim.master_weights == "float32"
-        model = load_model(
-            self.model_dir,
-            dtype=torch.float32 if masters else self.dtype,
-            device=self.dist.device,
-            attention=m.attention,
-        )
+        dtype = torch.float32 if masters else self.dtype
+        model = load_model(self.model_dir, dtype=dtype, device=self.dist.device, attention=m.attention)
         if masters:
             round_masters_(model, self.dtype)  # the plain run's starting masters (vlrl.train.master)
         self.spec = CollateSpec.from_model(model)
