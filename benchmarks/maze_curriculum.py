@@ -37,6 +37,7 @@ def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
         model=args.model,
         mask_detours=args.mask_detours,
         sft_pool=int(pool[0]) if pool else LevelPlan.sft_pool,
+        sft_warmup=args.sft_warmup,
     )
 
 
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", choices=["tiny", "small"], default="tiny", help="random-init model of the first level")
     ap.add_argument("--sft-scale", action="append", default=[], help="group=factor on sft.lr (vision, merger, ...)")
     ap.add_argument("--mask-detours", action="store_true", help="the expert's detour turns out of the SFT loss")
+    ap.add_argument("--sft-warmup", type=float, default=0.0, help="seconds of linear SFT lr warm-up from 0")
     ap.add_argument("--eval-every", type=int, default=0, help="also evaluate every N RL steps")
     ap.add_argument("--json", default=None, help="results file (default <out>/results.json)")
     args = ap.parse_args(argv)

@@ -55,6 +55,9 @@ class LevelPlan:
     from the weights the previous one ended with)."""
     eval_before: bool = False
     """Evaluate the starting weights too (0 % at random init: skipped to save the budget)."""
+    sft_warmup: float = 0.0
+    """Seconds over which the SFT lr ramps up linearly from 0 (then the linear decay): the format tokens are
+    learned in the first ~50 steps, and at full lr the model learns to ignore the image meanwhile."""
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,19 @@ def evaluate(run, step: int, label: str, keep: int = 4) -> EvalResult:
     return result
 
 
-def sft_phase(run, deadline: float, pool: int, lr_scale=(), mask_detours: bool = False) -> tuple[int, int]:
+def sft_lr_factor(elapsed: float, budget: float, warmup: float = 0.0, step_seconds: float = 0.0) -> float:
+    """The SFT lr as a fraction of its peak, ``elapsed`` seconds into a phase of ``budget`` seconds: a linear
+    decay to 10 % at the end, times a linear ramp from 0 over the first ``warmup`` seconds, taken at the end
+    of the step about to run (``step_seconds``, the last step's time; the first step's lr is near 0)."""
+    factor = max(0.1, 1.0 - elapsed / max(1e-9, budget))
+    if warmup > 0:
+        factor *= min(1.0, (elapsed + step_seconds) / warmup)
+    return factor
+
+
+def sft_phase(
+    run, deadline: float, pool: int, lr_scale=(), mask_detours: bool = False, warmup: float = 0.0
+) -> tuple[int, int]:
     """SFT steps (cross-entropy on expert episodes, its own AdamW, as ``vlrl.train.loop.sft``) until
     ``deadline``; the engine gets the weights at the end. Returns (steps, episodes generated).
 
@@ -225,8 +240,8 @@ def sft_phase(run, deadline: float, pool: int, lr_scale=(), mask_detours: bool =
     out a fresh batch and keep it; later steps cycle over the kept batches (epochs over a fixed set of
     ``pool * sft.rows_per_step`` demonstrations). A step starts only while the last step's time still fits.
     The learning rate (``sft.lr`` times the group's factor in ``lr_scale``) decays linearly with the clock
-    to 10 % at the deadline. ``mask_detours``: the recovery expert's detour turns stay in the history but
-    out of the loss (:mod:`vlrl.envs.maze_sft_data`).
+    to 10 % at the deadline, after a linear ramp from 0 over the first ``warmup`` seconds. ``mask_detours``:
+    the recovery expert's detour turns stay in the history but out of the loss (:mod:`vlrl.envs.maze_sft_data`).
     """
     from vlrl.envs.maze_sft_data import expert_episodes
     from vlrl.train.loop import require_batch
@@ -240,7 +255,7 @@ def sft_phase(run, deadline: float, pool: int, lr_scale=(), mask_detours: bool =
     k, last, t0 = 0, 0.0, time.time()
     while k < cfg.sft.steps and time.time() + last < deadline:
         t = time.time()
-        decay = max(0.1, 1.0 - (t - t0) / max(1e-9, deadline - t0))  # linear to 10 % at the deadline
+        decay = sft_lr_factor(t - t0, deadline - t0, warmup, last)
         for group, lr in zip(trainer.optimizer.param_groups, base, strict=True):
             group["lr"] = lr * decay
         if len(batches) < max(1, pool):
@@ -252,7 +267,7 @@ def sft_phase(run, deadline: float, pool: int, lr_scale=(), mask_detours: bool =
         values = run.sft_update(trainer, batch)
         k += 1
         run.state.sft_step = k
-        run.log.metrics(k, "sft", values | {"sft_episodes": len(batches) * cfg.sft.rows_per_step})
+        run.log.metrics(k, "sft", values | {"sft_episodes": len(batches) * cfg.sft.rows_per_step, "lr_factor": decay})
         last = time.time() - t
     run.sync_weights()
     return k, len(batches) * cfg.sft.rows_per_step
@@ -304,7 +319,7 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
         if plan.eval_before:
             evals.append(evaluate(run, 0, "before"))
         sft_steps, episodes = (
-            sft_phase(run, t0 + plan.sft_seconds, plan.sft_pool, plan.sft_lr_scale, plan.mask_detours)
+            sft_phase(run, t0 + plan.sft_seconds, plan.sft_pool, plan.sft_lr_scale, plan.mask_detours, plan.sft_warmup)
             if cfg.sft.steps
             else (0, 0)
         )
