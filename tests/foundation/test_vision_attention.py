@@ -51,3 +51,14 @@ def test_one_call_per_block_gives_the_loops_features(arch, vlrl_model_dir, monke
     assert n_looped >= blocks * len(images)  # at least one call per image per block
     assert n_batched <= blocks * 3, (n_batched, n_looped)
     print(arch, n_batched, n_looped)  # one per run of equal lengths
+
+
+def test_packed_images_under_unknown_boundary_names_are_refused():
+    """Attending over all images at once without their boundaries would mix images silently."""
+    from vlrl.models.attention import vision_varlen_forward
+
+    q = torch.randn(1, 2, 8, 4)
+    with pytest.raises(TypeError, match="cu_seqlens_q"):
+        vision_varlen_forward(torch.nn.Identity(), q, q, q, cu_seqlens_q=torch.tensor([0, 4, 8]), max_length_q=4)
+    out, _ = vision_varlen_forward(torch.nn.Identity(), q, q, q)  # one image: transformers' loop
+    assert out.shape == (1, 8, 2, 4)

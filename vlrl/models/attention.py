@@ -126,8 +126,15 @@ def vision_varlen_forward(
     """Bidirectional attention within each segment: query / key / value ``[1, H, S, D]``, ``cu_seq_lens_q``
     ``[n + 1]`` the segments' boundaries -> (``[1, S, H, D]``, None). One SDPA call per run of consecutive
     equal-length segments (every image of one size, or every full window), batched as ``[n, H, L, D]``."""
-    if cu_seq_lens_q is None or attention_mask is not None or query.shape[0] != 1:
+    if cu_seq_lens_q is None:
+        # transformers' per-image loop (a version that routes "flash" names elsewhere) passes one image per call.
+        # A packed call under boundary names this function does not know would attend across images: refuse it.
+        unknown = sorted(k for k in kwargs if k.startswith(("cu_seq", "max_length", "max_seqlen")))
+        if unknown:
+            raise TypeError(f"vision attention got packed images with {unknown}, not cu_seq_lens_q: unsupported")
         return vlrl_sdpa_forward(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
+    if attention_mask is not None or query.shape[0] != 1:
+        raise ValueError("vision attention over packed images takes one sequence [1, H, S, D] and no mask")
     lengths = (cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).tolist()  # one host sync per block, as the loop has
     out = torch.empty_like(query)
     start = 0
