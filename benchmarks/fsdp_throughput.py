@@ -28,6 +28,7 @@ import itertools
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -52,6 +53,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--plain", action="store_true", help="also time the plain one-process trainer")
     p.add_argument("--compare-one-rank", action="store_true", help="also run 1 rank: same rows per rank, same data")
+    p.add_argument("--profile", action="store_true", help="profile one more update: top ops in the JSON")
     p.add_argument("--out", default=None)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # a rank's JSON path (internal)
     p.add_argument("--mode", default="fsdp", choices=("fsdp", "plain"), help=argparse.SUPPRESS)
@@ -106,9 +108,10 @@ def worker(args) -> None:
     local = D.local_batch(batch, D.share_of(batch.size, d.rank, d.world))
     times: dict[str, list[float]] = {"logprobs_s": [], "update_s": [], "sync_gather_s": [], "step_s": []}
     losses = []  # every step's loss over the global batch (the ranks' shares summed), warm-up included
-    before = full_weights(model, d)  # the first update's size per module group (plain vs FSDP: same?)
+    before = full_weights(model, d, dtype)  # the first update's size per module group (plain vs FSDP: same?)
     before = None if before is None else {n: t.detach().clone() for n, t in before.items()}
     first: dict = {}
+    profile: dict = {}
     for step in range(args.warmup + args.steps):
         if step == args.warmup and d.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
@@ -118,7 +121,7 @@ def worker(args) -> None:
         metrics = trainer.sft_step(local)
         losses.append(D.all_reduce_sum([metrics["loss"]])[0])
         t.append(_now(d))
-        after = full_weights(model, d)
+        after = full_weights(model, d, dtype)
         t.append(_now(d))
         if step == 0:
             first = {"metrics": metrics, "update": update_by_group(before, after)}
@@ -129,6 +132,8 @@ def worker(args) -> None:
                 times[key].append(b - a)
             times["step_s"].append(t[-1] - t[0])
     peak = torch.cuda.max_memory_allocated() / 2**30 if d.device.startswith("cuda") else None
+    if args.profile:  # one more update, after the timed ones (the profiler's overhead stays out of them)
+        profile = profiled(lambda: trainer.sft_step(local), d)[1]
     tokens = int(batch.seq_lens.sum())  # every rank's rows: the global batch
     result = {
         "rank": d.rank,
@@ -139,12 +144,43 @@ def worker(args) -> None:
         "rows_per_step": batch.size,
         "losses": losses,
         "first_step": first,
+        "update_profile": profile if args.profile else None,
         **{k: v for k, v in times.items()},
         **{f"{k}_median": statistics.median(v) for k, v in times.items()},
     }
     Path(args.worker).write_text(json.dumps(result))
     if d.sharded:
         D.close_distributed()
+
+
+def profiled(fn, d, top: int = 25) -> tuple:
+    """``fn()`` under torch.profiler: its result, and the ``top`` ops by self CPU time and by self device
+    time (``{op: [calls, self_ms]}``), plus the wall time of the optimizer's part (clip + step + zero)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if d.device.startswith("cuda") else [])
+    with profile(activities=activities) as prof:
+        out = fn()
+        if d.device.startswith("cuda"):
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+
+    def table(key: str) -> dict:
+        ranked = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:top]
+        return {e.key: [e.count, round(getattr(e, key) / 1e3, 3)] for e in ranked}
+
+    device_key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+    total_device = device_key.replace("self_", "")
+    labels: dict[str, list] = {}  # vlrl's and FSDP's ranges (all blocks' summed), the optimizer: whole times
+    for e in events:
+        if e.key.startswith(("vlrl.", "FSDP::", "Optimizer.")):
+            key = re.sub(r" (\(.*\)|for .*)$", "", e.key)
+            row = labels.setdefault(key, [0, 0.0, 0.0])
+            row[0] += e.count
+            row[1] += e.cpu_time_total / 1e3
+            row[2] += getattr(e, total_device, 0) / 1e3
+    labels = {k: [c, round(cpu, 3), round(dev, 3)] for k, (c, cpu, dev) in labels.items()}
+    return out, {"self_cpu_ms": table("self_cpu_time_total"), "self_device_ms": table(device_key), "labels": labels}
 
 
 def update_by_group(before: dict | None, after: dict | None) -> dict:
@@ -189,6 +225,7 @@ def launch(args, mode: str, nproc: int, tmp: Path) -> list[dict]:
         f"--steps={args.steps}",
         f"--warmup={args.warmup}",
         f"--mode={mode}",
+        *(["--profile"] if args.profile else []),
     ]
     if mode == "fsdp":
         argv = [

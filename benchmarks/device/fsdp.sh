@@ -17,7 +17,7 @@ if [ -z "${SKIP_TEST:-}" ]; then
 fi
 plain=$([ "$NPROC" = 1 ] && echo --plain)
 timeout ${LIMIT:-900} python3 benchmarks/fsdp_throughput.py --nproc $NPROC --size 2b --device cuda --dtype bfloat16 \
-  --rows ${ROWS:-8} --turns ${TURNS:-8} --steps ${STEPS:-5} $plain --out $OUT/fsdp_throughput_n$NPROC.json \
+  --rows ${ROWS:-8} --turns ${TURNS:-8} --steps ${STEPS:-5} $plain ${PROFILE:+--profile} --out $OUT/fsdp_throughput_n$NPROC.json \
   > $OUT/fsdp_throughput_n$NPROC.log 2>&1
 tail -3 $OUT/fsdp_throughput_n$NPROC.log
 python3 - "$OUT/fsdp_throughput_n$NPROC.json" <<'PY'

@@ -270,12 +270,10 @@ class Run:
         """What the engine must hold: the policy's full weights (gathered from the shards under FSDP), with
         LoRA adapters merged in, under the base model's names, in the engine's dtype. Rank 0; None elsewhere
         (collective under FSDP: every rank calls it)."""
-        full = full_weights(self.model, self.dist)
-        if full is None:
-            return None
-        if self._lora:
-            return merged_weights(full, self._lora, self.dtype)
-        return {n: t.to(self.dtype) for n, t in full.items()}
+        full = full_weights(self.model, self.dist, self.dtype)
+        if full is None or not self._lora:
+            return full
+        return merged_weights(full, self._lora, self.dtype)
 
     def sync_weights(self) -> None:
         """Push the trainer's weights to the engine, then verify the engine serves exactly them."""

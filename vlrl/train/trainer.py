@@ -216,10 +216,12 @@ class Trainer:
     def _optimizer_step(self) -> dict[str, float]:
         """Clip, step, zero; returns ``grad_norm`` (global, before clipping) and ``grad_norm/<group>``
         per module group (``param_group``), also before clipping."""
-        by_group = grad_norms_by_group(self.model.named_parameters(), param_group)
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        clip = self.optim.grad_clip if self.optim.grad_clip > 0 else float("inf")
-        norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+        with torch.profiler.record_function("vlrl.grad_norms"):  # labels for profiles (benchmarks/fsdp_*.py)
+            by_group = grad_norms_by_group(self.model.named_parameters(), param_group)
+        with torch.profiler.record_function("vlrl.clip_grad_norm"):
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            clip = self.optim.grad_clip if self.optim.grad_clip > 0 else float("inf")
+            norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {"grad_norm": norm} | {f"grad_norm/{g}": v for g, v in sorted(by_group.items())}
