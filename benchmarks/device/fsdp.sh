@@ -5,6 +5,7 @@
 # Usage (device tool, carry .whl: it holds the peft/accelerate wheels too):
 #   bash benchmarks/device/fsdp.sh                                   # one H100: test + N=1 benchmark
 #   NPROC=2 SKIP_TEST=1 bash benchmarks/device/fsdp.sh               # two GPUs (nvidia-h200-x2)
+#   ROWS=64 MICRO=4 STEPS=3 WARMUP=1 TAG=_rows64 SKIP_TEST=1 bash benchmarks/device/fsdp.sh   # the maze recipe's step
 set -uo pipefail
 source benchmarks/device/env.sh
 export NCCL_NVLS_ENABLE=0  # NVLink multicast off on multi-GPU hosts (KINDS.md)
@@ -17,10 +18,10 @@ if [ -z "${SKIP_TEST:-}" ]; then
 fi
 plain=$([ "$NPROC" = 1 ] && echo --plain)
 timeout ${LIMIT:-900} python3 benchmarks/fsdp_throughput.py --nproc $NPROC --size 2b --device cuda --dtype bfloat16 \
-  --rows ${ROWS:-8} --turns ${TURNS:-8} --steps ${STEPS:-5} $plain ${PROFILE:+--profile} --out $OUT/fsdp_throughput_n$NPROC.json \
-  > $OUT/fsdp_throughput_n$NPROC.log 2>&1
-tail -3 $OUT/fsdp_throughput_n$NPROC.log
-python3 - "$OUT/fsdp_throughput_n$NPROC.json" <<'PY'
+  --rows ${ROWS:-8} --turns ${TURNS:-8} --micro-batch ${MICRO:-4} --warmup ${WARMUP:-2} --steps ${STEPS:-5} $plain ${PROFILE:+--profile} --out $OUT/fsdp_throughput_n$NPROC${TAG:-}.json \
+  > $OUT/fsdp_throughput_n$NPROC${TAG:-}.log 2>&1
+tail -3 $OUT/fsdp_throughput_n$NPROC${TAG:-}.log
+python3 - "$OUT/fsdp_throughput_n$NPROC${TAG:-}.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 for mode in ("fsdp", "plain"):
