@@ -53,6 +53,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--plain", action="store_true", help="also time the plain one-process trainer")
     p.add_argument("--compare-one-rank", action="store_true", help="also run 1 rank: same rows per rank, same data")
+    p.add_argument("--group-fraction", type=float, default=None, help="FSDP group size (0: a group per block)")
     p.add_argument("--profile", action="store_true", help="profile one more update: top ops in the JSON")
     p.add_argument("--out", default=None)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # a rank's JSON path (internal)
@@ -91,7 +92,7 @@ def worker(args) -> None:
     from vlrl.train import distributed as D
     from vlrl.train.batch import CollateSpec, collate
     from vlrl.train.config import OptimSection
-    from vlrl.train.fsdp import full_weights, shard_model
+    from vlrl.train.fsdp import GROUP_FRACTION, full_weights, shard_model
     from vlrl.train.master import round_masters_
     from vlrl.train.trainer import Trainer
 
@@ -100,7 +101,8 @@ def worker(args) -> None:
     model_dir = cached_model_dir(args.arch, args.size)
     model = load_model(model_dir, dtype=torch.float32 if d.sharded else dtype, device=d.device)
     if d.sharded:
-        shard_model(round_masters_(model, dtype), d, dtype)
+        fraction = GROUP_FRACTION if args.group_fraction is None else args.group_fraction
+        shard_model(round_masters_(model, dtype), d, dtype, fraction)
     model.train()
     trainer = Trainer(model, AlgoConfig(), OptimSection(micro_batch_size=args.micro_batch), lr=1e-5)
     trajs = trajectories(args, model_dir, args.rows * d.world)
@@ -226,6 +228,7 @@ def launch(args, mode: str, nproc: int, tmp: Path) -> list[dict]:
         f"--warmup={args.warmup}",
         f"--mode={mode}",
         *(["--profile"] if args.profile else []),
+        *([f"--group-fraction={args.group_fraction}"] if args.group_fraction is not None else []),
     ]
     if mode == "fsdp":
         argv = [
@@ -300,6 +303,7 @@ def main() -> None:
         "micro_batch": args.micro_batch,
         "steps": args.steps,
         "warmup": args.warmup,
+        "group_fraction": args.group_fraction,
     }
     with tempfile.TemporaryDirectory() as tmp:
         result["fsdp"] = summary(launch(args, "fsdp", args.nproc, _fresh(tmp, "fsdp")))

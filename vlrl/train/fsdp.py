@@ -1,8 +1,13 @@
 """FSDP2 (``torch.distributed.fsdp.fully_shard``) for a Qwen-VL policy, and its full state for the engine.
 
-**Groups.** Every decoder layer and every vision block is its own FSDP group (one all-gather before its
+**Groups.** Consecutive decoder layers, and consecutive vision blocks, form FSDP groups of
+about ``GROUP_FRACTION`` of the model's parameters (at least one block; one all-gather before a group's first
 forward, one reduce-scatter after its backward, freed in between); the rest — token embedding, LM head,
-final norm, patch embedding, projector — is the root group, on ``model.model``.
+final norm, patch embedding, projector — is the root group, on ``model.model``. Why not a group per block:
+FSDP2's hooks cost host time per group on every forward and backward, and a 2b policy's update is bound by
+host time (kernel launches), so 61 groups made the one-rank FSDP step 1.20x the plain trainer's on the
+H100 (benchmarks/results/fsdp_h100); a group of 1/16 of the model costs 1/16 of it in bf16 per rank while
+whole, which ``gathered`` holds anyway for a whole pass.
 
 **Why the root is ``model.model`` with the LM head inside it.** The chunked forward (``vlrl.train.forward``)
 calls ``model.model(...)`` for hidden states and then reads ``lm_head.weight`` itself, chunk by chunk, in fp32
@@ -23,6 +28,8 @@ sent the weights cast to bf16, the values the trainer's bf16 forward computes wi
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -38,21 +45,43 @@ HEAD_ALIAS = "_vlrl_lm_head"
 """Name under which the LM head sits inside ``model.model`` while the root group is formed (then removed)."""
 
 
-def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks, each sharded as its own group: decoder layers, then vision blocks."""
+GROUP_FRACTION = 1 / 16
+"""Most of the model's parameters one FSDP group of blocks holds (module docstring)."""
+
+
+def towers(model: torch.nn.Module) -> list[list[torch.nn.Module]]:
+    """The repeated blocks, by tower: decoder layers, then vision blocks (when the model has a vision tower)."""
     inner: Any = model.model  # a Qwen-VL ...ForConditionalGeneration's inner model
-    found = list(inner.language_model.layers)
     visual = getattr(inner, "visual", None)
-    if visual is not None:
-        found += list(visual.blocks)
-    return found
+    return [list(inner.language_model.layers)] + ([list(visual.blocks)] if visual is not None else [])
 
 
-def shard_model(model: torch.nn.Module, d: Dist, compute_dtype: torch.dtype) -> torch.nn.Module:
+def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Every repeated block: decoder layers, then vision blocks."""
+    return [block for tower in towers(model) for block in tower]
+
+
+def block_groups(model: torch.nn.Module, fraction: float = GROUP_FRACTION) -> list[list[torch.nn.Module]]:
+    """Each tower's blocks in consecutive runs of about ``fraction`` of the model's parameters each (as many
+    runs as that takes, of equal numbers of blocks; a block per run with ``fraction=0``): the FSDP groups
+    besides the root."""
+    budget = fraction * sum(p.numel() for p in model.parameters())
+    groups: list[list[torch.nn.Module]] = []
+    for tower in towers(model):
+        size = sum(p.numel() for block in tower for p in block.parameters())
+        n = len(tower) if budget <= 0 else min(len(tower), max(1, math.ceil(size / budget)))
+        bounds = [round(i * len(tower) / n) for i in range(n + 1)]
+        groups += [tower[a:b] for a, b in itertools.pairwise(bounds)]
+    return groups
+
+
+def shard_model(
+    model: torch.nn.Module, d: Dist, compute_dtype: torch.dtype, fraction: float = GROUP_FRACTION
+) -> torch.nn.Module:
     """``fully_shard`` ``model`` in place over all ranks (see the module docstring); returns it.
 
     The model is on ``d.device`` in its storage dtype (fp32 masters, or bf16 with ``master_weights=model``);
-    ``compute_dtype`` is what forwards run in.
+    ``compute_dtype`` is what forwards run in; ``fraction``: the most of the model one group of blocks holds.
     """
     mesh = init_device_mesh("cuda" if d.device.startswith("cuda") else "cpu", (d.world,))
     param_dtype = None if compute_dtype == torch.float32 else compute_dtype
@@ -60,8 +89,8 @@ def shard_model(model: torch.nn.Module, d: Dist, compute_dtype: torch.dtype) -> 
     # are what the model hands it, as in a plain bf16 model — the vision blocks' RoPE cos/sin stay fp32.
     root_mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     block_mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
-    for block in blocks(model):
-        fully_shard(block, mesh=mesh, mp_policy=block_mp)
+    for group in block_groups(model, fraction):
+        fully_shard(group, mesh=mesh, mp_policy=block_mp)
     inner: Any = model.model
     inner.add_module(HEAD_ALIAS, model.lm_head)
     try:
@@ -151,13 +180,19 @@ def full_weights(model: torch.nn.Module, d: Dist, dtype: torch.dtype) -> dict[st
         owned[max(holders, key=len) if holders else root].append(name)
     found: dict[str, torch.Tensor] = {}
     for prefix, group in groups.items():
-        group.unshard()  # this group's parameters are registered whole until reshard
-        for name in owned[prefix]:
+        if not owned[prefix]:  # none, or taken with an earlier module of the same (grouped) FSDP group
+            continue
+        group.unshard()  # this FSDP group's parameters are registered whole until reshard
+        # a grouped fully_shard([a, b, ...]) unshards all its modules at once: take theirs too
+        with_it = [p for p, names in owned.items() if names and not isinstance(model.get_parameter(names[0]), DTensor)]
+        for name in [n for p in with_it for n in owned[p]]:
             whole = model.get_parameter(name)
             if isinstance(whole, DTensor):
                 raise RuntimeError(f"full_weights: {name} is not in FSDP group {prefix!r}")
             if d.is_main:  # a copy: reshard frees the gathered storage
                 found[name] = whole.detach().to("cpu", dtype=dtype, copy=True)
+        for p in with_it:
+            owned[p] = []
         group.reshard()
     return {n: found[n] for n in names} if d.is_main else None
 
