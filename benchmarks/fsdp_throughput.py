@@ -54,7 +54,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--plain", action="store_true", help="also time the plain one-process trainer")
     p.add_argument("--compare-one-rank", action="store_true", help="also run 1 rank: same rows per rank, same data")
     p.add_argument("--group-fraction", type=float, default=None, help="FSDP group size (0: a group per block)")
-    p.add_argument("--profile", action="store_true", help="profile one more update: top ops in the JSON")
+    p.add_argument("--profile", action="store_true", help="profile a logprob pass and an update more")
     p.add_argument("--out", default=None)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # a rank's JSON path (internal)
     p.add_argument("--mode", default="fsdp", choices=("fsdp", "plain"), help=argparse.SUPPRESS)
@@ -135,7 +135,10 @@ def worker(args) -> None:
             times["step_s"].append(t[-1] - t[0])
     peak = torch.cuda.max_memory_allocated() / 2**30 if d.device.startswith("cuda") else None
     if args.profile:  # one more update, after the timed ones (the profiler's overhead stays out of them)
-        profile = profiled(lambda: trainer.sft_step(local), d)[1]
+        profile = {
+            "logprobs": profiled(lambda: trainer.logprobs(local), d)[1],
+            "update": profiled(lambda: trainer.sft_step(local), d)[1],
+        }
     tokens = int(batch.seq_lens.sum())  # every rank's rows: the global batch
     result = {
         "rank": d.rank,
@@ -146,7 +149,7 @@ def worker(args) -> None:
         "rows_per_step": batch.size,
         "losses": losses,
         "first_step": first,
-        "update_profile": profile if args.profile else None,
+        "profile": profile if args.profile else None,
         **{k: v for k, v in times.items()},
         **{f"{k}_median": statistics.median(v) for k, v in times.items()},
     }
@@ -157,14 +160,18 @@ def worker(args) -> None:
 
 def profiled(fn, d, top: int = 25) -> tuple:
     """``fn()`` under torch.profiler: its result, and the ``top`` ops by self CPU time and by self device
-    time (``{op: [calls, self_ms]}``), plus the wall time of the optimizer's part (clip + step + zero)."""
+    time (``{op: [calls, self_ms]}``), vlrl's / FSDP's / the optimizer's ranges, the wall time and the
+    device's busy time (all kernels and copies: how much of the wall the device worked)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if d.device.startswith("cuda") else [])
     with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
         out = fn()
         if d.device.startswith("cuda"):
             torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
     events = prof.key_averages()
 
     def table(key: str) -> dict:
@@ -182,7 +189,14 @@ def profiled(fn, d, top: int = 25) -> tuple:
             row[1] += e.cpu_time_total / 1e3
             row[2] += getattr(e, total_device, 0) / 1e3
     labels = {k: [c, round(cpu, 3), round(dev, 3)] for k, (c, cpu, dev) in labels.items()}
-    return out, {"self_cpu_ms": table("self_cpu_time_total"), "self_device_ms": table(device_key), "labels": labels}
+    busy = sum(getattr(e, device_key) for e in events if e.device_type == DeviceType.CUDA) / 1e3
+    return out, {
+        "wall_ms": round(wall * 1e3, 3),
+        "device_busy_ms": round(busy, 3),
+        "self_cpu_ms": table("self_cpu_time_total"),
+        "self_device_ms": table(device_key),
+        "labels": labels,
+    }
 
 
 def update_by_group(before: dict | None, after: dict | None) -> dict:
