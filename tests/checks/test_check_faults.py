@@ -32,6 +32,28 @@ def test_batch_invariance_fails_when_padding_leaks_into_attention(monkeypatch):
         check_batch_invariance(leaky, prompts).raise_if_failed()
 
 
+def test_batch_invariance_is_not_fooled_by_the_engines_prefix_cache(monkeypatch):
+    """A fault in the batched prefill of every column but the last: with the alone runs' keys / values
+    reused, the batched run would recompute only the last column and never reach it (how the H100 kernel
+    bug went unseen); the check starts every call cold (``Engine.clear_caches``)."""
+    from vlrl.engines.embedded import EmbeddedEngine
+
+    renderer, engine = stack("tiny", "float32", "cpu")
+    prompts = [prompt_of_length(renderer, n, k, seed=i) for i, (n, k) in enumerate([(120, 1), (90, 0)])]
+    faulty = EmbeddedEngine(engine.model, engine.tokenizer)
+    new_embeddings = faulty._new_embeddings
+
+    def batch_dependent(requests, ids, start):
+        embeds, extra = new_embeddings(requests, ids, start)
+        if len(requests) > 1:
+            embeds = torch.cat([embeds[:, :-1] * 1.01, embeds[:, -1:]], dim=1)
+        return embeds, extra
+
+    monkeypatch.setattr(faulty, "_new_embeddings", batch_dependent)
+    with pytest.raises(BatchVarianceError, match="depend on the batch"):
+        check_batch_invariance(faulty, prompts).raise_if_failed()
+
+
 @pytest.fixture(scope="module")
 def maze_batch(tiny):
     from vlrl.engines.types import SamplingParams

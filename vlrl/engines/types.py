@@ -118,3 +118,8 @@ class Engine(Protocol):
     def update_weights(self, named_tensors: NamedTensors, version: int | None = None) -> int:
         """Load new weights (every name must exist, same shapes); returns the new weight version."""
         ...
+
+    def clear_caches(self) -> None:
+        """Forget work reused across calls (image features, prefix keys / values): the next call computes
+        every prompt from scratch (a check comparing two calls must not have one read the other's cache)."""
+        ...

@@ -262,6 +262,10 @@ class VllmEngine:
         """Reload every live server with the trainer's tensors (partial updates merge); returns the version."""
         return self.weights.update(named_tensors, version, reference_model=reference_model)
 
+    def clear_caches(self) -> None:
+        """Every server forgets its prefix (KV) and encoder caches: the next call computes from scratch."""
+        self.weights.reset_caches()
+
     def probe_logprobs(self, prompt: Sequence[int] | RenderedPrompt, *, url: str | None = None) -> list[float]:
         """Server logprobs (T = 1, full vocabulary) of the prompt's tokens 1.. given their prefixes (one prefill);
         ``prompt`` is token ids or a prompt rendered by :class:`VllmRenderer` (its images included)."""

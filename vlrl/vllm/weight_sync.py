@@ -134,6 +134,11 @@ class WeightSync:
         if before is not None and n_changed is not None:
             verify_checksums(url, before, await self._checksums(url), n_changed)
 
+    def reset_caches(self) -> None:
+        """Every live server forgets its prefix (KV) and encoder caches (``VllmEngine.clear_caches``)."""
+        for url in self.client.live_urls():
+            self.client.run(self._reset_caches(url, "clear caches"))
+
     async def _reset_caches(self, url: str, what: str) -> None:
         """After a reload: KV blocks and vision-encoder outputs computed with the old weights must not be reused.
 
