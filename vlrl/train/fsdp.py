@@ -4,10 +4,11 @@
 about ``GROUP_FRACTION`` of the model's parameters (at least one block; one all-gather before a group's first
 forward, one reduce-scatter after its backward, freed in between); the rest — token embedding, LM head,
 final norm, patch embedding, projector — is the root group, on ``model.model``. Why not a group per block:
-FSDP2's hooks cost host time per group on every forward and backward, and a 2b policy's update is bound by
-host time (kernel launches), so 61 groups made the one-rank FSDP step 1.20x the plain trainer's on the
-H100 (benchmarks/results/fsdp_h100); a group of 1/16 of the model costs 1/16 of it in bf16 per rank while
-whole, which ``gathered`` holds anyway for a whole pass.
+FSDP2's hooks cost host time per group on every forward and backward, and a 2b policy's step is bound by
+host time (kernel launches). On the H100, at the maze2d recipe's step (64 trajectories, micro-batch 4), the
+one-rank FSDP step took 7.7 s with a group per block (60) and 5.6 s with 14 groups; the plain trainer 6.2-6.4 s
+(benchmarks/results/fsdp_h100). A group of 1/16 of the model costs 1/16 of it in bf16 per rank while whole,
+which ``gathered`` holds anyway for a whole pass.
 
 **Why the root is ``model.model`` with the LM head inside it.** The chunked forward (``vlrl.train.forward``)
 calls ``model.model(...)`` for hidden states and then reads ``lm_head.weight`` itself, chunk by chunk, in fp32
