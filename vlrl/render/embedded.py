@@ -49,6 +49,16 @@ class EmbeddedRenderer:
 
         return cls(load_processor(path), **kwargs)
 
+    async def arender(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> RenderedPrompt:
+        """In-process: the work is this process's own, nothing to wait on, so ``render`` itself."""
+        return self.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+
     def render(
         self,
         messages: Sequence[dict[str, Any]],

@@ -74,3 +74,14 @@ class Renderer(Protocol):
         add_generation_prompt: bool = True,
         tools: Sequence[dict[str, Any]] | None = None,
     ) -> RenderedPrompt: ...
+
+    async def arender(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> RenderedPrompt:
+        """``render`` from any event loop without blocking it: a renderer behind a server awaits the answer,
+        so concurrent episodes render concurrently (rollouts call this)."""
+        ...

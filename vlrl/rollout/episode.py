@@ -129,7 +129,7 @@ class EpisodeRunner:
     async def run(self, env, messages: list[dict], policy: Policy, spec: EpisodeSpec) -> list[Trajectory]:
         """Play from the env's first messages; one trajectory (multi-turn) or one per turn (step-wise)."""
         try:
-            render = self.renderer.render(messages)
+            render = await self.renderer.arender(messages)
         except BadInputError as exc:
             return [failed_episode(spec, messages, f"the env's first observation cannot be rendered: {exc}")]
         except Exception as exc:  # noqa: BLE001 — a renderer server that went away ends this episode only
@@ -156,7 +156,7 @@ class EpisodeRunner:
             if result is None or self._ended(result, k, spec, out):
                 break
             obs_start = len(seq)
-            if not self._extend(seq, messages + [assistant] + list(result.observations), turn.text, k, spec, out):
+            if not await self._extend(seq, messages + [assistant] + list(result.observations), turn.text, k, spec, out):
                 break
             messages, pending = messages + [assistant] + list(result.observations), []
         # The trajectory's conversation holds what its tokens hold (a dropped observation is left out).
@@ -208,10 +208,12 @@ class EpisodeRunner:
             return True
         return False
 
-    def _extend(self, seq: _Seq, messages: list[dict], text: str, k: int, spec: EpisodeSpec, out: _Outcome) -> bool:
+    async def _extend(
+        self, seq: _Seq, messages: list[dict], text: str, k: int, spec: EpisodeSpec, out: _Outcome
+    ) -> bool:
         """Re-render with the new observations and splice them onto the sequence if they fit."""
         try:
-            new = self.renderer.render(messages)
+            new = await self.renderer.arender(messages)
         except BadInputError as exc:
             out.stop, out.error = "env_error", f"turn {k}: the env's observation cannot be rendered: {exc}"
             return False
@@ -252,7 +254,7 @@ class EpisodeRunner:
             messages = seqs[-1][1] + list(result.observations)
             prev = render
             try:
-                render = self.renderer.render(messages)
+                render = await self.renderer.arender(messages)
             except BadInputError as exc:
                 out.stop, out.error = "env_error", f"turn {k}: the env's observation cannot be rendered: {exc}"
                 break

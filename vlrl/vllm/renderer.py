@@ -81,10 +81,23 @@ class VllmRenderer:
         route_key: Any = None,
     ) -> RenderedPrompt:
         return self.client.run(
-            self.arender(messages, add_generation_prompt=add_generation_prompt, tools=tools, route_key=route_key)
+            self._arender(messages, add_generation_prompt=add_generation_prompt, tools=tools, route_key=route_key)
         )
 
     async def arender(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+        route_key: Any = None,
+    ) -> RenderedPrompt:
+        """``render`` from any event loop: the request runs on the client's loop while the caller's goes on."""
+        return await self.client.arun(
+            self._arender(messages, add_generation_prompt=add_generation_prompt, tools=tools, route_key=route_key)
+        )
+
+    async def _arender(
         self,
         messages: Sequence[dict[str, Any]],
         *,

@@ -1,0 +1,52 @@
+"""Episodes render concurrently: a renderer behind a server (vLLM's render route) must not be waited on one
+episode at a time. The rollout awaits ``Renderer.arender``; a blocking ``render`` call inside the episode's
+event loop held every other episode until its answer came (on the H100, 256 renders took 15 s one after another)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from vlrl.data.tickets import make_rows, train_seeds
+from vlrl.engines.types import SamplingParams
+from vlrl.models.build import cached_model_dir
+from vlrl.render.embedded import EmbeddedRenderer
+from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
+from vlrl.train.experts import expert_for
+
+
+class SlowRenderer:
+    """The real renderer answering after a delay, as a server would; counts renders in flight."""
+
+    def __init__(self, inner: EmbeddedRenderer, delay: float = 0.05):
+        self.inner, self.delay = inner, delay
+        self.tokenizer = inner.tokenizer
+        self.in_flight = self.most_in_flight = self.calls = 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def render(self, messages, **kwargs):
+        return self.inner.render(messages, **kwargs)
+
+    async def arender(self, messages, **kwargs):
+        self.calls += 1
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay)
+            return self.inner.render(messages, **kwargs)
+        finally:
+            self.in_flight -= 1
+
+
+def test_concurrent_episodes_render_concurrently():
+    path = cached_model_dir("qwen2_5_vl", "tiny")
+    renderer = SlowRenderer(EmbeddedRenderer.from_pretrained(path))
+    config = RolloutConfig(
+        sampling=SamplingParams(max_tokens=16), max_turns=3, seed=0, progress=False, max_context=8192
+    )
+    gen = RolloutGenerator(renderer, None, config, tokenizer=renderer.tokenizer)
+    trajectories = gen.run(make_rows("maze2d/5x5", train_seeds(4, 0), {}), script=expert_for("maze2d"))
+    assert len(trajectories) == 4
+    assert renderer.calls >= 8  # every first observation and every re-render went through arender
+    assert renderer.most_in_flight >= 2, "episodes waited on each other's renders"
