@@ -84,20 +84,17 @@ def trajectories(args, model_dir: Path, n: int) -> list:
     return gen.run(rows, script=expert_for("maze2d"))
 
 
-def worker(args) -> None:
-    """One rank (or the plain process): build, shard, time, write this rank's JSON to ``args.worker``."""
+def build(args, d, dtype: torch.dtype):
+    """This rank's model (sharded under torchrun: fp32 masters rounded to ``dtype``, as the plain run's start)
+    and its trainer; the checkpoint's directory."""
     from vlrl.algos.config import AlgoConfig
     from vlrl.models.build import cached_model_dir
     from vlrl.models.load import load_model
-    from vlrl.train import distributed as D
-    from vlrl.train.batch import CollateSpec, collate
     from vlrl.train.config import OptimSection
-    from vlrl.train.fsdp import GROUP_FRACTION, full_weights, shard_model
+    from vlrl.train.fsdp import GROUP_FRACTION, shard_model
     from vlrl.train.master import round_masters_
     from vlrl.train.trainer import Trainer
 
-    d = D.init_distributed(args.device) if args.mode == "fsdp" else D.Dist.single(args.device)
-    dtype = getattr(torch, args.dtype)
     model_dir = cached_model_dir(args.arch, args.size)
     model = load_model(model_dir, dtype=torch.float32 if d.sharded else dtype, device=d.device)
     if d.sharded:
@@ -105,6 +102,18 @@ def worker(args) -> None:
         shard_model(round_masters_(model, dtype), d, dtype, fraction)
     model.train()
     trainer = Trainer(model, AlgoConfig(), OptimSection(micro_batch_size=args.micro_batch), lr=1e-5)
+    return model, trainer, model_dir
+
+
+def worker(args) -> None:
+    """One rank (or the plain process): build, shard, time, write this rank's JSON to ``args.worker``."""
+    from vlrl.train import distributed as D
+    from vlrl.train.batch import CollateSpec, collate
+    from vlrl.train.fsdp import full_weights
+
+    d = D.init_distributed(args.device) if args.mode == "fsdp" else D.Dist.single(args.device)
+    dtype = getattr(torch, args.dtype)
+    model, trainer, model_dir = build(args, d, dtype)
     trajs = trajectories(args, model_dir, args.rows * d.world)
     batch = collate(trajs, CollateSpec.from_model(model))
     local = D.local_batch(batch, D.share_of(batch.size, d.rank, d.world))
