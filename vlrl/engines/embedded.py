@@ -35,14 +35,7 @@ from vlrl.engines.reuse import (
     prefix_entry,
     weights_fingerprint,
 )
-from vlrl.engines.sampling import (
-    RowSampling,
-    contract_logprobs,
-    fp32_logits,
-    request_key,
-    sample_tokens,
-    top_logprobs,
-)
+from vlrl.engines.sampling import contract_logprobs, effective_temperature, fp32_logits, sample_tokens, top_logprobs
 from vlrl.engines.types import Engine, FinishReason, Generation, NamedTensors, SamplingParams
 from vlrl.errors import ContextOverflowError
 from vlrl.models.positions import mrope_positions
@@ -218,14 +211,14 @@ class EmbeddedEngine:
         ).last_hidden_state
         logits = fp32_logits(head, hidden[:, -1])
         active = list(range(len(requests)))  # request index of each batch row
-        # per-row settings and random-stream keys on the device, once per batch (seeded: the seed; else fresh)
-        sampling = RowSampling.build([r.params for r in requests], [request_key(r.params) for r in requests], device)
-        step = 0  # every row of a batch starts together: the step is each request's count of sampled tokens
+        gens = [_generator(r.params, device) for r in requests]
+        temps = torch.tensor([effective_temperature(r.params.temperature) for r in requests])
         while True:
-            tokens = sample_tokens(logits, sampling, self.banned_ids, step)
-            contract = contract_logprobs(logits, sampling.temperature, self.banned_ids)
+            rows = [requests[i] for i in active]
+            tokens = sample_tokens(logits, [r.params for r in rows], self.banned_ids, [gens[i] for i in active])
+            contract = contract_logprobs(logits, temps[active], self.banned_ids)
             lps = contract.gather(1, tokens[:, None])[:, 0]
-            tops = top_logprobs(contract, [p.logprobs_topk for p in sampling.params])
+            tops = top_logprobs(contract, [r.params.logprobs_topk for r in rows])
             keep = []
             for row, (i, tok, lp) in enumerate(zip(active, tokens.tolist(), lps.tolist())):
                 if self._step(requests[i], tok, lp, tops[row]):
@@ -238,7 +231,6 @@ class EmbeddedEngine:
                 idx = torch.tensor(keep, device=device)
                 cache.batch_select_indices(idx)
                 tokens, attn, next_pos = tokens[idx], attn[idx], next_pos[idx]
-                sampling = sampling.select(keep, idx)
                 active = [active[k] for k in keep]
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
             pos = next_pos.view(1, -1, 1).expand(3, -1, 1)
@@ -247,7 +239,6 @@ class EmbeddedEngine:
             ).last_hidden_state
             logits = fp32_logits(head, hidden[:, -1])
             next_pos = next_pos + 1
-            step += 1
 
     def _prefill_inputs(self, requests: list[_Request]) -> dict:
         """Left-padded ``input_ids`` / ``attention_mask`` ``[B, L]`` and the batch's ``image_grid_thw``."""
@@ -367,6 +358,17 @@ class EmbeddedEngine:
 
         with self._lock:
             return weights_checksum(self.model.named_parameters())
+
+
+def _generator(params: SamplingParams, device) -> torch.Generator | None:
+    if params.temperature == 0:
+        return None
+    gen = torch.Generator(device=device)
+    if params.seed is not None:
+        gen.manual_seed(params.seed)
+    else:
+        gen.seed()
+    return gen
 
 
 if TYPE_CHECKING:  # mypy proves here that the class implements the contract
