@@ -126,6 +126,7 @@ def worker(args) -> None:
     for step in range(args.warmup + args.steps):
         if step == args.warmup and d.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
+            counts = _alloc_counts()
         t = [_now(d)]
         trainer.logprobs(local)
         t.append(_now(d))
@@ -143,6 +144,12 @@ def worker(args) -> None:
                 times[key].append(b - a)
             times["step_s"].append(t[-1] - t[0])
     peak = torch.cuda.max_memory_allocated() / 2**30 if d.device.startswith("cuda") else None
+    # The caching allocator over the timed steps: retries (a failed allocation that freed the cache) and device
+    # mallocs / frees mean it ran out of cached blocks; the peak reserved shows how close to the device it got.
+    allocator = None
+    if d.device.startswith("cuda"):
+        allocator = {k: v - counts[k] for k, v in _alloc_counts().items()}
+        allocator["reserved_peak_gib"] = torch.cuda.max_memory_reserved() / 2**30
     if args.profile:  # one more update, after the timed ones (the profiler's overhead stays out of them)
         profile = {
             "logprobs": profiled(lambda: trainer.logprobs(local), d)[1],
@@ -154,6 +161,7 @@ def worker(args) -> None:
         "mode": args.mode,
         "world": d.world,
         "peak_mem_gib": peak,
+        "allocator": allocator,
         "tokens_per_step": tokens,
         "rows_per_step": batch.size,
         "losses": losses,
@@ -165,6 +173,11 @@ def worker(args) -> None:
     Path(args.worker).write_text(json.dumps(result))
     if d.sharded:
         D.close_distributed()
+
+
+def _alloc_counts() -> dict[str, int]:
+    stats = torch.cuda.memory_stats()
+    return {k: int(stats.get(k, 0)) for k in ("num_alloc_retries", "num_device_alloc", "num_device_free")}
 
 
 def profiled(fn, d, top: int = 25) -> tuple:

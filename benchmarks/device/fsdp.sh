@@ -30,7 +30,7 @@ for mode in ("fsdp", "plain"):
         print(f"{mode}: world {m['world']}, {m['tokens_per_step']} tokens/step, step {m['step_s_median']:.3f} s "
               f"(logprobs {m['logprobs_s_median']:.3f}, update {m['update_s_median']:.3f}, "
               f"sync gather {m['sync_gather_s_median']:.3f}), {m['tokens_per_s']:.0f} tok/s, "
-              f"peak GiB per rank {m['peak_mem_gib_per_rank']}")
+              f"peak GiB per rank {m['peak_mem_gib_per_rank']}, allocator {[k.get('allocator') for k in m['ranks']]}")
 print("fsdp / plain step time:", r.get("fsdp_over_plain_step_time"))
 PY
 echo "fsdp.sh wall time: $((SECONDS - start)) s"
