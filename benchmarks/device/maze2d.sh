@@ -7,7 +7,7 @@ set -uo pipefail
 source benchmarks/device/env.sh
 timeout ${LIMIT:-540} python3 -m vlrl.cli train maze2d run.out=/tmp/maze run.progress=False "$@" 2>&1 | tail -3
 mkdir -p $OUT/maze
-cp /tmp/maze/summary.json /tmp/maze/metrics.jsonl /tmp/maze/agreement.jsonl /tmp/maze/config.toml $OUT/maze/ 2>/dev/null
+cp /tmp/maze/summary.json /tmp/maze/metrics.jsonl /tmp/maze/agreement.jsonl /tmp/maze/weight_sync.jsonl /tmp/maze/config.toml $OUT/maze/ 2>/dev/null
 cp /tmp/maze/image_sensitivity.jsonl $OUT/maze/ 2>/dev/null
 python3 -m vlrl.cli report /tmp/maze --out $OUT/maze/report.html 2>&1 | tail -1
 grep -h '"eval"' /tmp/maze/metrics.jsonl | cut -c1-160

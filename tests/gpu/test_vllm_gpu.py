@@ -5,7 +5,8 @@ through ``/collective_rpc`` and vlrl's worker extension copies from them into vL
 (``reload_weights(weights_iterator=...)``). Proven as on CPU: the logprob probe matches the trainer's model and
 misses the old weights. Needs CUDA vLLM (``benchmarks/device/vllm_gpu.sh`` unpacks it):
 ``pytest -m gpu tests/gpu/test_vllm_gpu.py``. Written in the session that ran tests/vllm on CUDA vLLM 0.26;
-not yet run on a GPU (the device time was spent on that suite).
+not yet run on a GPU (the device time was spent on that suite). Training syncs (``update_weights``) take the
+IPC route by themselves when the server runs on the trainer's GPU (``WeightSync.last_route``).
 """
 
 from __future__ import annotations
@@ -48,3 +49,15 @@ def test_cuda_ipc_push_serves_the_trainers_weights(vlrl_model_dir, record_proper
         with pytest.raises(VllmServerError, match="does not hold"):
             stack.engine.verify_weights(old)
         record_property("push_s", push_s)
+
+        # A training sync (update_weights) finds the server on the trainer's GPU and takes the same route by
+        # itself, checksums compared around it; CPU tensors still go through a checkpoint.
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(0.9)
+        stack.engine.update_weights(list(model.named_parameters()))
+        assert stack.engine.weights.last_route == "cuda_ipc"
+        assert stack.engine.verify_weights(model) <= 1e-4
+        stack.engine.update_weights([(n, p.detach().cpu()) for n, p in old.named_parameters()])
+        assert stack.engine.weights.last_route == "checkpoint"
+        assert stack.engine.verify_weights(old) <= 1e-4

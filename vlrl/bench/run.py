@@ -155,7 +155,7 @@ def _vllm(config: BenchConfig, model, model_dir: Path, result: dict[str, Any]) -
         stack = None
         try:
             result["vllm"], stack = vllm_section(
-                model_dir, config.batch_sizes, config.max_tokens, config.repeats, config.turns
+                model_dir, config.batch_sizes, config.max_tokens, config.repeats, config.turns, config.dtype
             )
             result["multi_turn_vllm"], trajectories = rollout_turns(
                 stack.renderer,

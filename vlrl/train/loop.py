@@ -79,7 +79,9 @@ def train(cfg: TrainConfig, on_start: Callable | None = None) -> dict:
 
 def rl_step(run: Run, step: int) -> dict:
     cfg = run.cfg
+    clock = [time.perf_counter()]  # the step's time split: rollout, train (logprobs, checks, update), sync
     trajs = run.rollout(run.next_rows(cfg.rollout.rows_per_step), seed=cfg.run.seed * 1_000_003 + step)
+    clock.append(time.perf_counter())
     batch = require_batch(run, trajs, f"RL step {step + 1}")
     rewards = [t.total_reward for t in trajs]
     values = {
@@ -91,7 +93,10 @@ def rl_step(run: Run, step: int) -> dict:
     inputs, correction = run.trainer.prepare(batch, old)
     values |= run.update(batch, inputs, seed=cfg.run.seed * 7_919 + step) | correction
     values |= {"logprob_max_abs_diff": agree["max_abs"]}
+    clock.append(time.perf_counter())
     run.sync_weights()
+    clock.append(time.perf_counter())
+    values |= {f"time_{k}_s": round(b - a, 3) for k, a, b in zip(("rollout", "train", "sync"), clock, clock[1:])}
     run.state.rl_step = step + 1
     return run.log.metrics(step + 1, "rl", values)
 

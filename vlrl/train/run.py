@@ -32,6 +32,7 @@ import torch
 
 from vlrl.algos.diagnostics import advantage_stats
 from vlrl.checks.agreement import batch_agreement
+from vlrl.checks.bounds import bounds_for
 from vlrl.engines.types import SamplingParams
 from vlrl.models.checksum import weights_checksum
 from vlrl.models.lora import apply_lora, lora_layers, merged_weights
@@ -130,6 +131,7 @@ class Run:
                 self.model_dir,
                 max_images_per_prompt=episode_images(c.data.env, c.data.extras, c.rollout.max_turns),
                 max_model_len=int(model.config.text_config.max_position_embeddings),
+                dtype=c.model.dtype,  # the run's dtype: bf16 runs are served in bf16
             )
             return stack.renderer, stack.engine, stack.close
         raise ValueError(f"rollout.engine must be 'embedded' or 'vllm', got {self.cfg.rollout.engine!r}")
@@ -285,12 +287,15 @@ class Run:
         self.engine.update_weights(named, version=self.state.weight_version)
         verify = getattr(self.engine, "verify_weights", None)
         if verify is not None:  # an inference server (vLLM): a logprob probe against the trainer's model
+            # the run's dtype's agreement bound (fp32 1e-4; bf16 0.5, a gross-error guard)
+            tol = bounds_for(self.cfg.model.dtype).agreement.max_abs
             try:
-                delta = verify(self._verify_model(weights))
+                delta = verify(self._verify_model(weights), tol)
             except Exception as exc:
                 raise WeightSyncError(f"after sync {self.state.weight_version}: {exc}") from exc
-            self.log.append("weight_sync.jsonl", {"version": self.state.weight_version, "probe_max_abs": delta})
-            return
+            sync = self.engine.weights  # vlrl.vllm.weight_sync.WeightSync: how and how fast
+            row = {"version": self.state.weight_version, "route": sync.last_route, "sync_s": sync.last_sync_s}
+            return self.log.append("weight_sync.jsonl", {**row, "probe_max_abs": delta, "probe_tol": tol})
         want = weights_checksum(named)
         got = self.engine.weights_checksum()
         if got != want:

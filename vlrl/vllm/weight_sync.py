@@ -25,17 +25,20 @@ fixed text, against a forward of the trainer's model). Every route here needs th
 **Without a checkpoint** (:meth:`WeightSync.push`): the trainer's tensors go in the ``/collective_rpc`` call
 itself (``vlrl.vllm.tensor_transfer``), as CUDA IPC handles when trainer and server share a GPU — the worker
 extension copies from the trainer's memory into vLLM's weights, nothing through disk or the host — or as values
-(CPU, tests). Same pause / reset / resume around it, proved by the same probe. The IPC path was written after the
-GPU run of tests/vllm and has not run on a GPU yet (tests/gpu/test_vllm_gpu.py); the value path runs in
-tests/vllm. vLLM's own weight-transfer API (``--weight-transfer-config``, NCCL across GPUs) is not used: its
-0.26 IPC engine imports ray, which GPU hosts lack (``../shared/reference/vllm-versions.md`` §5).
+(CPU, tests). Same pause / reset / resume and checksums around it, proved by the same probe.
+:meth:`WeightSync.update` (every training sync) takes this CUDA IPC route by itself when every tensor is on the
+GPU that every live server's worker runs on (asked once per server: ``vlrl_gpu_uuid``), and the checkpoint
+route otherwise (CPU, servers on other GPUs or hosts). vLLM's own weight-transfer API
+(``--weight-transfer-config``, NCCL across GPUs) is not used: its 0.26 IPC engine imports ray, which GPU hosts
+lack (``../shared/reference/vllm-versions.md`` §5).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vlrl.engines.types import NamedTensors
@@ -64,11 +67,56 @@ class WeightSync:
         self._writer: CheckpointWriter | None = None
         self._probe: RenderedPrompt | None = None
         self._image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+        self._gpus: dict[str, list[str]] = {}
+        self.last_route: str | None = None
+        """How the last :meth:`update` reached the servers: ``"cuda_ipc"`` or ``"checkpoint"``."""
+        self.last_sync_s: float | None = None
+        """Seconds of the last :meth:`update` (reload and checksums; the probe not included)."""
 
     # ------------------------------------------------------------------ sync
 
     def update(self, named_tensors: NamedTensors, version: int | None = None, *, reference_model=None) -> int:
-        """Write the new weights once, reload them on every live server, verify; returns the new version."""
+        """Reload every live server with the new weights, verify; returns the new version.
+
+        The route (:attr:`last_route`): ``cuda_ipc`` when every tensor is on the GPU every live server runs
+        on (trainer and vLLM share it: the servers copy straight from the trainer's memory, see :meth:`push`),
+        otherwise ``checkpoint`` (written once into a merged local copy, reloaded by every server). Either way
+        the servers' checksums are compared before and after the reload."""
+        named = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
+        start = time.perf_counter()
+        if self._on_servers_gpu(named):
+            version = self.push(named, version, transport="cuda_ipc", checked=True)
+            self.last_route = "cuda_ipc"
+        else:
+            version = self._update_from_checkpoint(named, version)
+            self.last_route = "checkpoint"
+        self.last_sync_s = time.perf_counter() - start
+        if reference_model is not None:
+            self.verify(reference_model)
+        return version
+
+    def _on_servers_gpu(self, named: list) -> bool:
+        """Every tensor on one CUDA device, and every live server's worker on that same GPU (by UUID)."""
+        devices = {t.device for _, t in named}
+        if len(devices) != 1 or next(iter(devices)).type != "cuda":
+            return False
+        from vlrl.vllm.tensor_transfer import gpu_uuid
+
+        mine = gpu_uuid(next(iter(devices)))
+        return all(self._server_gpus(url) == [mine] for url in self.client.live_urls())
+
+    def _server_gpus(self, url: str) -> list[str]:
+        """The GPU UUID of each of the server's workers ("" for a CPU worker); asked once per server."""
+        if url not in self._gpus:
+            body = {"method": "vlrl_gpu_uuid"}
+            data = self.client.run(self.client.post(url, "/collective_rpc", body, what="server GPU"))
+            results = data.get("results")
+            if not isinstance(results, list) or not all(isinstance(r, str) for r in results):
+                raise VllmServerError(f"{url}/collective_rpc vlrl_gpu_uuid answered garbage: {str(data)[:300]!r}")
+            self._gpus[url] = sorted(set(results))
+        return self._gpus[url]
+
+    def _update_from_checkpoint(self, named: list, version: int | None) -> int:
         if self.model_dir is None:
             raise VllmServerError("update_weights needs the served checkpoint dir (VllmEngine(model_dir=...))")
         if self._writer is None:
@@ -77,15 +125,13 @@ class WeightSync:
             root = default_cache_root() / "vllm" / "weights" / f"{os.getpid()}-{id(self):x}"
             self._writer = CheckpointWriter(self.model_dir, root)
         version = self.version + 1 if version is None else int(version)
-        n_changed = len(self._writer.merge(named_tensors))
+        n_changed = len(self._writer.merge(named))
         path = self._writer.write(version)
         rpc = {"method": "vlrl_reload_weights", "kwargs": {"weights_path": str(path)}}
         for url in self.client.live_urls():  # a server marked dead gets no more requests
             self.client.run(self._reload(url, rpc, version, "weight sync", n_changed=n_changed))
         self._writer.prune(path)
         self.version = version
-        if reference_model is not None:
-            self.verify(reference_model)
         return version
 
     def reload_checkpoint(self, path: str | None = None, version: int = 0) -> None:
@@ -100,19 +146,27 @@ class WeightSync:
         self.version = version
 
     def push(
-        self, named_tensors: NamedTensors, version: int | None = None, *, transport: Transport = "cuda_ipc"
+        self,
+        named_tensors: NamedTensors,
+        version: int | None = None,
+        *,
+        transport: Transport = "cuda_ipc",
+        checked: bool = False,
     ) -> int:
         """Sync without a checkpoint: every live server reloads the given tensors straight from the call
         (``vlrl.vllm.tensor_transfer``: CUDA IPC handles when trainer and server share a GPU, or values).
         Partial updates reload only what is sent. The merged checkpoint of :meth:`update` is forgotten, so a later
-        partial :meth:`update` starts again from the served checkpoint. Prove the result with :meth:`verify`."""
+        partial :meth:`update` starts again from the served checkpoint. ``checked``: compare the servers'
+        checksums before and after, as :meth:`update` does. Prove the result with :meth:`verify`."""
         from vlrl.vllm.tensor_transfer import encode_tensors
 
         version = self.version + 1 if version is None else int(version)
-        payload, keep = encode_tensors(named_tensors, transport)
+        named = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
+        payload, keep = encode_tensors(named, transport)
         rpc = {"method": "vlrl_reload_from_tensors", "kwargs": {"payload": payload}}
+        n_changed = len(named) if checked else None
         for url in self.client.live_urls():
-            self.client.run(self._reload(url, rpc, version, f"weight push ({transport})"))
+            self.client.run(self._reload(url, rpc, version, f"weight push ({transport})", n_changed=n_changed))
         del keep  # the servers have copied out of the trainer's tensors
         self._writer = None
         self.version = version

@@ -118,6 +118,14 @@ class VlrlWorkerExtension:
             "n": len(names),
         }
 
+    def vlrl_gpu_uuid(self) -> str:
+        """This worker's GPU (its UUID), or "" without CUDA: may the trainer send it CUDA IPC handles?"""
+        import torch
+
+        if not torch.cuda.is_available():
+            return ""
+        return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+
     def vlrl_weight_checksums(self) -> dict[str, str]:
         """``name -> tensor_digest`` of every parameter this worker serves (vLLM's own, fused names)."""
         import torch
