@@ -1,0 +1,232 @@
+"""A supervised perception probe: can a random-init Qwen-VL learn, from a maze's first frame alone, where
+the agent is and which way the BFS expert moves first?
+
+    python benchmarks/maze_perception.py [--arch qwen2_5_vl|qwen3_vl|qwen2_vl] [--model tiny|small]
+        [--level 5x5] [--tile 0] [--train 256] [--heldout 64] [--steps 300] [--batch 32] [--lr 1e-3]
+        [--vision-lr-scale 1] [--every 25] [--out benchmarks/results/maze_perception_cpu.json] [--name RUN]
+
+Per maze (seeds 0..train-1 for training, 10**6.. for held-out): the first frame (``env.gym_env.reset``),
+the agent's tile (row, col of ``maze_map``), the goal tile, and the expert's first move (the first action
+of ``shortest_path_actions``, as ``maze2d_expert`` plays it). The model sees the chat-templated prompt
+(one image + a fixed question); the hidden states (after the final norm) at the LAST THREE prompt positions
+are read out through the tied lm_head rows of the digit tokens: position -3 -> agent row over "0"..str(size-1),
+-2 -> agent col over the same, -1 -> first move over "0".."3" (0 right, 1 up, 2 left, 3 down). The loss
+is the sum of the three cross-entropies; AdamW over all weights (the vision tower's lr times
+``--vision-lr-scale``). Every ``--every`` steps: train loss, held-out accuracies, chance (the train
+majority class scored on held-out), the merged image tokens' RMS on held-out frames and the vision
+tower's gradient norm. ``--tile 0`` = the arch's merge unit (28 px Qwen2/2.5, 32 px Qwen3): one merged
+vision token per maze tile. Appends the run to ``--out`` (JSON, ``{"runs": [...]}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+QUESTION = "Where is the blue circle (row, column), and which way is the first move to the red square?"
+
+
+def make_data(level: str, tile: int, seeds: range) -> dict:
+    """Frames and labels of the mazes at ``seeds``."""
+    import numpy as np
+
+    from vlrl.envs.maze_solver import shortest_path_actions
+    from vlrl.envs.maze_text import make_maze2d
+
+    frames, row, col, move, goal = [], [], [], [], []
+    for seed in seeds:
+        env = make_maze2d(level, {"tile": tile}, seed)
+        frame, _ = env.gym_env.reset(seed=seed)
+        game = env.gym_env.unwrapped
+        frames.append(np.asarray(frame))
+        row.append(game.agent[0])
+        col.append(game.agent[1])
+        goal.append(list(game.target))
+        move.append(shortest_path_actions(game.maze_map, game.agent, game.target)[0])
+    return {"frames": frames, "row": row, "col": col, "move": move, "goal": goal}
+
+
+def encode(processor, frames, question: str) -> dict:
+    """Processor tensors for a batch of frames under one fixed prompt (all frames one size: no padding)."""
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+    text = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    return processor(text=[text] * len(frames), images=list(frames), return_tensors="pt")
+
+
+def vision_module(model):
+    return model.model.visual
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", default="qwen2_5_vl", choices=["qwen2_5_vl", "qwen3_vl", "qwen2_vl"])
+    ap.add_argument("--model", default="tiny", choices=["tiny", "small"])
+    ap.add_argument("--level", default="5x5")
+    ap.add_argument("--tile", type=int, default=0, help="px per maze tile; 0 = the arch's merge unit")
+    ap.add_argument("--train", type=int, default=256)
+    ap.add_argument("--heldout", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--vision-lr-scale", type=float, default=1.0)
+    ap.add_argument("--weight-decay", type=float, default=0.0)
+    ap.add_argument("--every", type=int, default=25)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="benchmarks/results/maze_perception_cpu.json")
+    ap.add_argument("--name", default=None)
+    args = ap.parse_args(argv)
+
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from vlrl.models.archs import patch_size
+
+    torch.set_num_threads(args.threads)
+    t0 = time.time()
+    tile = args.tile or 2 * patch_size(args.arch)
+    if args.model == "tiny":
+        from vlrl.models.build import cached_model_dir
+
+        path = cached_model_dir(args.arch, "tiny")
+    else:
+        from vlrl.envs.maze_curriculum import small_checkpoint
+
+        path = small_checkpoint(args.arch)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).train()
+    processor = AutoProcessor.from_pretrained(path)
+    tok = processor.tokenizer
+    from vlrl.envs.maze_text import LEVELS
+
+    size = LEVELS[args.level]["size"]  # agent row / col classes: the map's tile coordinates 0..size-1
+    assert size <= 10, "one digit token per coordinate"
+    digits = [tok.convert_tokens_to_ids(str(d)) for d in range(size)]
+    assert len(set(digits)) == size, digits
+
+    train = make_data(args.level, tile, range(args.train))
+    held = make_data(args.level, tile, range(10**6, 10**6 + args.heldout))
+    keys = ("row", "col", "move")
+    ncls = {"row": size, "col": size, "move": 4}
+    y_train = {k: torch.tensor(train[k]) for k in keys}
+    y_held = {k: torch.tensor(held[k]) for k in keys}
+    chance = {}
+    for k in keys:
+        majority = int(torch.bincount(y_train[k], minlength=ncls[k]).argmax())
+        chance[k] = round(float((y_held[k] == majority).float().mean()), 4)
+    probs = {k: torch.bincount(y_train[k], minlength=ncls[k]).float() / args.train for k in keys}
+    chance["loss"] = round(float(sum(-(p[p > 0] * p[p > 0].log()).sum() for p in probs.values())), 4)
+    cell_move: dict = {}  # the best first move knowing only the agent's tile (train majority per tile)
+    for r, c, m in zip(train["row"], train["col"], train["move"], strict=True):
+        cell_move.setdefault((r, c), []).append(m)
+    best = {cell: max(set(ms), key=ms.count) for cell, ms in cell_move.items()}
+    hits = [best.get((r, c)) == m for r, c, m in zip(held["row"], held["col"], held["move"], strict=True)]
+    chance["move_given_cell"] = round(sum(hits) / len(hits), 4)
+    distinct = {f.tobytes() for f in train["frames"]}
+    overlap = sum(f.tobytes() in distinct for f in held["frames"]) / len(held["frames"])
+    enc_train = encode(processor, train["frames"], QUESTION)
+    enc_held = encode(processor, held["frames"], QUESTION)
+    per_img = int(enc_train["pixel_values"].shape[0] // args.train)  # patch rows per frame
+    print(
+        f"{args.arch} {args.model} tile {tile} frame {train['frames'][0].shape} seq {enc_train['input_ids'].shape[1]} "
+        f"grid {enc_train['image_grid_thw'][0].tolist()} distinct train frames {len(distinct)}, held-out frames "
+        f"seen in train {overlap:.2f}, chance {chance}",
+        flush=True,
+    )
+
+    def batch(enc, idx):
+        pv = enc["pixel_values"].view(-1, per_img, enc["pixel_values"].shape[-1])[idx].flatten(0, 1)
+        per_row = {k: v[idx] for k, v in enc.items() if k in ("input_ids", "attention_mask", "mm_token_type_ids")}
+        return dict(per_row, pixel_values=pv, image_grid_thw=enc["image_grid_thw"][idx])
+
+    def heads(inputs):
+        hidden = model.model(**inputs).last_hidden_state[:, -3:]  # [B, 3, H], after the final norm
+        w = model.get_output_embeddings().weight[digits]  # [5, H]
+        logits = hidden @ w.T
+        return {"row": logits[:, 0], "col": logits[:, 1], "move": logits[:, 2, :4]}
+
+    def loss_of(out, y):
+        return sum(torch.nn.functional.cross_entropy(out[k], y[k]) for k in keys)
+
+    visual = vision_module(model)
+    vis_ids = {id(p) for p in visual.parameters()}
+    groups = [
+        {"params": [p for p in model.parameters() if id(p) not in vis_ids], "lr": args.lr},
+        {"params": list(visual.parameters()), "lr": args.lr * args.vision_lr_scale},
+    ]
+    opt = torch.optim.AdamW(groups, weight_decay=args.weight_decay)
+    gen = torch.Generator().manual_seed(args.seed)
+
+    def evaluate() -> dict:
+        model.eval()
+        idx = torch.arange(args.heldout)
+        with torch.no_grad():
+            inputs = batch(enc_held, idx)
+            out = heads(inputs)
+            feats = model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"])
+            feats = getattr(feats, "pooler_output", feats)
+            feats = torch.cat(list(feats)) if isinstance(feats, list | tuple) else feats
+            toks = feats.view(args.heldout, -1, feats.shape[-1])
+        model.train()
+        acc = {k: round(float((out[k].argmax(-1) == y_held[k]).float().mean()), 4) for k in keys}
+        return {
+            "heldout_loss": round(float(loss_of(out, y_held)), 4),
+            "acc": acc,
+            "image_rms": round(float(toks.pow(2).mean().sqrt()), 5),
+            "between_maze_rms": round(float(toks.std(0).pow(2).mean().sqrt()), 5),
+        }
+
+    curve, losses = [], []
+    for step in range(1, args.steps + 1):
+        idx = torch.randint(0, args.train, (args.batch,), generator=gen)
+        loss = loss_of(heads(batch(enc_train, idx)), {k: v[idx] for k, v in y_train.items()})
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        vgrad = torch.sqrt(sum(p.grad.pow(2).sum() for p in visual.parameters() if p.grad is not None))
+        opt.step()
+        losses.append(float(loss.detach()))
+        if step % args.every == 0 or step == 1 or step == args.steps:
+            point = {"step": step, "train_loss": round(sum(losses) / len(losses), 4), "vision_grad_norm": float(vgrad)}
+            point.update(evaluate())
+            losses = []
+            curve.append(point)
+            print(json.dumps(point), flush=True)
+
+    wall = round(time.time() - t0, 1)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    run = {
+        "name": args.name or f"{args.arch}-{args.model}-vlr{args.vision_lr_scale:g}",
+        "command": "python benchmarks/maze_perception.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "arch": args.arch,
+        "model": args.model,
+        "level": args.level,
+        "tile": tile,
+        "steps": args.steps,
+        "lr": args.lr,
+        "vision_lr_scale": args.vision_lr_scale,
+        "train_mazes": args.train,
+        "heldout_mazes": args.heldout,
+        "distinct_train_frames": len(distinct),
+        "heldout_frames_seen_in_train": round(overlap, 4),
+        "chance": chance,
+        "final_acc": curve[-1]["acc"],
+        "curve": curve,
+        "wall_s": wall,
+        "commit": commit,
+    }
+    out = Path(args.out)
+    data = json.loads(out.read_text()) if out.exists() else {"what": __doc__.strip().splitlines()[0], "runs": []}
+    data["runs"].append(run)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    print(json.dumps({k: run[k] for k in ("name", "final_acc", "chance", "wall_s")}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
