@@ -308,6 +308,10 @@ def reference_logprobs(model, prompt: Sequence[int] | RenderedPrompt) -> list[fl
 
     token_ids = list(prompt.token_ids) if isinstance(prompt, RenderedPrompt) else list(prompt)
     param = next(model.parameters())  # a trainer on the GPU: inputs go where its weights are
+    # fp32 means fp32 (as in vlrl.train.run): with CUDA's default TF32 in convolutions (the vision patch
+    # embedding) an fp32 trainer's probe missed an fp32 (ieee) server by 2.9e-4 on the H100, past the bound
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     with torch.no_grad():
         ids = torch.tensor([token_ids], device=param.device)
         kw = {}
@@ -318,6 +322,9 @@ def reference_logprobs(model, prompt: Sequence[int] | RenderedPrompt) -> list[fl
                 "image_grid_thw": grid.to(param.device),
                 "mm_token_type_ids": mm_token_type_ids(ids, model.config.image_token_id, model.config.video_token_id),
             }
-        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **kw).logits[0].float()
+        try:
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **kw).logits[0].float()
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
         lp = torch.log_softmax(logits[:-1], -1).gather(1, ids[0, 1:, None])[:, 0]
     return lp.tolist()
