@@ -131,6 +131,11 @@ def test_push_without_a_checkpoint_serves_the_trainers_weights(vllm_stack, tiny)
         assert stack.engine.verify_weights(model) <= 1e-4
         with pytest.raises(VllmServerError, match="does not hold"):
             stack.engine.verify_weights(bundle.model)
+        # A checkpoint sync after a push: the checkpoint's own values are a change for servers that hold the
+        # pushed ones (the merged copy never saw them; this stopped the sync on the H100 before)
+        stack.engine.update_weights([(n, p.detach()) for n, p in bundle.model.named_parameters()])
+        assert stack.engine.weights.last_route == "checkpoint"
+        assert stack.engine.verify_weights(bundle.model) <= 1e-4
     finally:
         stack.engine.reload_checkpoint()
     assert stack.engine.verify_weights(bundle.model) <= 1e-4

@@ -68,6 +68,7 @@ class WeightSync:
         self._probe: RenderedPrompt | None = None
         self._image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
         self._gpus: dict[str, list[str]] = {}
+        self._pushed = False  # a push since the last checkpoint sync: the merged copy is not what is served
         self.last_route: str | None = None
         """How the last :meth:`update` reached the servers: ``"cuda_ipc"`` or ``"checkpoint"``."""
         self.last_sync_s: float | None = None
@@ -126,6 +127,8 @@ class WeightSync:
             self._writer = CheckpointWriter(self.model_dir, root)
         version = self.version + 1 if version is None else int(version)
         n_changed = len(self._writer.merge(named))
+        if self._pushed:  # the servers hold pushed tensors the merged copy never saw: anything sent may move
+            n_changed, self._pushed = len(named), False
         path = self._writer.write(version)
         rpc = {"method": "vlrl_reload_weights", "kwargs": {"weights_path": str(path)}}
         for url in self.client.live_urls():  # a server marked dead gets no more requests
@@ -168,7 +171,7 @@ class WeightSync:
         for url in self.client.live_urls():
             self.client.run(self._reload(url, rpc, version, f"weight push ({transport})", n_changed=n_changed))
         del keep  # the servers have copied out of the trainer's tensors
-        self._writer = None
+        self._writer, self._pushed = None, True
         self.version = version
         return version
 
