@@ -21,7 +21,7 @@ import itertools
 import os
 import threading
 import zlib
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -198,16 +198,26 @@ class VllmClient:
         err.unreachable = unreachable  # connection refused / lost: another server may take the request
         raise err
 
-    async def post_any(self, path: str, body: dict, *, what: str, route_key: Any = None) -> tuple[str, dict, list[str]]:
+    async def post_any(
+        self,
+        path: str,
+        body: dict,
+        *,
+        what: str,
+        route_key: Any = None,
+        body_for: Callable[[str], dict] | None = None,
+    ) -> tuple[str, dict, list[str]]:
         """POST to a live server (:meth:`pick`); a server unreachable after the retries is marked dead and
         the request re-sent to the next live one. Returns ``(url, answer, urls that failed)``; raises when
         every server is unreachable (or at once with one server). For idempotent requests only (render,
-        seeded token-in/token-out generate: every server holds the same weights)."""
+        seeded token-in/token-out generate: every server holds the same weights). ``body_for(url)``: the body
+        to send to that server (default ``body``)."""
         failed: list[str] = []
         while True:
             url = self.pick(route_key)
             try:
-                return url, await self.post(url, path, body, what=what), failed
+                sent = body if body_for is None else body_for(url)
+                return url, await self.post(url, path, sent, what=what), failed
             except VllmServerError as exc:
                 if not exc.unreachable or len(self.urls) == 1:
                     raise

@@ -40,11 +40,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from vlrl.engines.types import Engine, Generation, NamedTensors, SamplingParams
-from vlrl.errors import ContextOverflowError
+from vlrl.errors import BadInputError, ContextOverflowError
 from vlrl.models.tokenizer import VISION_TOKENS
 from vlrl.render.types import RenderedPrompt
 from vlrl.vllm.capabilities import VllmCapabilities, generated_logprobs
 from vlrl.vllm.client import GENERATE, ClientConfig, VllmClient, require
+from vlrl.vllm.image_cache import ServerImages
 from vlrl.vllm.limits import model_limits
 from vlrl.vllm.renderer import generate_features
 from vlrl.vllm.server import VllmServerError
@@ -76,6 +77,8 @@ class VllmEngine:
         self.image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
         self.banned_ids = tuple(tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS)
         self.weights = WeightSync(self.client, tokenizer, model=model, model_dir=model_dir)
+        self.images = ServerImages()
+        """The images each server was sent (``vlrl.vllm.image_cache``): later requests reference them by hash."""
 
     @classmethod
     def from_pretrained(
@@ -135,11 +138,29 @@ class VllmEngine:
         dead server is skipped from then on. With one server (or all dead) the error is raised."""
         body = self.request_body(prompt, params)
         caps = await self.client.acapabilities()
-        url, data, failed = await self.client.post_any(GENERATE, body, what="generate", route_key=route_key)
+        url, data, failed = await self._post_generate(body, route_key)
         gen = self._generation(data, prompt, params, url + GENERATE, caps)
         if failed:
             gen.meta["failed_over_from"] = failed
         return gen
+
+    async def _post_generate(self, body: dict, route_key: Any) -> tuple[str, dict, list[str]]:
+        """POST the request, each image's tensors left out where the chosen server already holds them
+        (``vlrl.vllm.image_cache``); if the server lost one (any refusal of a request that could have left
+        one out), everything is forgotten and the whole request sent once more."""
+        slim = self.images.slim
+        try:
+            url, data, failed = await self.client.post_any(
+                GENERATE, body, what="generate", route_key=route_key, body_for=lambda u: slim(u, body)
+            )
+        except (VllmServerError, BadInputError) as exc:
+            if getattr(exc, "unreachable", False) or not self.images.may_reference(body):
+                raise
+            self.images.forget()
+            self.images.misses += 1
+            url, data, failed = await self.client.post_any(GENERATE, body, what="generate", route_key=route_key)
+        self.images.record(url, body)
+        return url, data, failed
 
     def request_body(self, prompt: RenderedPrompt, params: SamplingParams) -> dict:
         n = len(prompt.token_ids)
@@ -260,10 +281,12 @@ class VllmEngine:
 
     def update_weights(self, named_tensors: NamedTensors, version: int | None = None, *, reference_model=None) -> int:
         """Reload every live server with the trainer's tensors (partial updates merge); returns the version."""
+        self.images.forget()  # the reload's /pause clears the servers' multimodal caches
         return self.weights.update(named_tensors, version, reference_model=reference_model)
 
     def clear_caches(self) -> None:
         """Every server forgets its prefix (KV) and encoder caches: the next call computes from scratch."""
+        self.images.forget()
         self.weights.reset_caches()
 
     def probe_logprobs(self, prompt: Sequence[int] | RenderedPrompt, *, url: str | None = None) -> list[float]:
@@ -273,6 +296,7 @@ class VllmEngine:
 
     def reload_checkpoint(self, path: str | None = None, version: int = 0) -> None:
         """Every server back on a checkpoint dir (default: the served one); see ``WeightSync.reload_checkpoint``."""
+        self.images.forget()
         self.weights.reload_checkpoint(path, version)
 
     def verify_weights(self, model, tol: float | None = None) -> float:
