@@ -3,7 +3,8 @@ the agent is and which way the BFS expert moves first?
 
     python benchmarks/maze_perception.py [--arch qwen2_5_vl|qwen3_vl|qwen2_vl] [--model tiny|small]
         [--level 5x5] [--tile 0] [--train 256] [--heldout 64] [--steps 300] [--batch 32] [--lr 1e-3]
-        [--vision-lr-scale 1] [--every 25] [--out benchmarks/results/maze_perception_cpu.json] [--name RUN]
+        [--vision-lr-scale 1] [--every 25] [--warmup 0] [--clip 0] [--target move|neighbours]
+        [--out benchmarks/results/maze_perception_cpu.json] [--name RUN]
 
 Per maze (seeds 0..train-1 for training, 10**6.. for held-out): the first frame (``env.gym_env.reset``),
 the agent's tile (row, col of ``maze_map``), the goal tile, and the expert's first move (the first action
@@ -14,8 +15,12 @@ are read out through the tied lm_head rows of the digit tokens: position -3 -> a
 is the sum of the three cross-entropies; AdamW over all weights (the vision tower's lr times
 ``--vision-lr-scale``). Every ``--every`` steps: train loss, held-out accuracies, chance (the train
 majority class scored on held-out), the merged image tokens' RMS on held-out frames and the vision
-tower's gradient norm. ``--tile 0`` = the arch's merge unit (28 px Qwen2/2.5, 32 px Qwen3): one merged
-vision token per maze tile. Appends the run to ``--out`` (JSON, ``{"runs": [...]}``).
+tower's gradient norm. ``--warmup N``: linear lr warmup over N steps; ``--clip C``: clip the total grad
+norm to C (0 = off; the logged ``grad_norm`` is before clipping). ``--target neighbours`` replaces the
+move readout by 4 binary ones at the last 6 positions (row, col, then the tiles right/up/left/down of
+the agent, each over "0" floor / "1" wall = ``maze_map[tile]``). ``--tile 0`` = the arch's merge unit
+(28 px Qwen2/2.5, 32 px Qwen3): one merged vision token per maze tile. Appends the run to ``--out``
+(JSON, ``{"runs": [...]}``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+NEIGHBOURS = ("right", "up", "left", "down")  # action order (maze2d.DELTAS)
 QUESTION = "Where is the blue circle (row, column), and which way is the first move to the red square?"
 
 
@@ -36,10 +42,12 @@ def make_data(level: str, tile: int, seeds: range) -> dict:
     """Frames and labels of the mazes at ``seeds``."""
     import numpy as np
 
+    from vlrl.envs.maze2d import DELTAS
     from vlrl.envs.maze_solver import shortest_path_actions
     from vlrl.envs.maze_text import make_maze2d
 
     frames, row, col, move, goal = [], [], [], [], []
+    nb = {name: [] for name in NEIGHBOURS}
     for seed in seeds:
         env = make_maze2d(level, {"tile": tile}, seed)
         frame, _ = env.gym_env.reset(seed=seed)
@@ -49,7 +57,9 @@ def make_data(level: str, tile: int, seeds: range) -> dict:
         col.append(game.agent[1])
         goal.append(list(game.target))
         move.append(shortest_path_actions(game.maze_map, game.agent, game.target)[0])
-    return {"frames": frames, "row": row, "col": col, "move": move, "goal": goal}
+        for a, name in enumerate(NEIGHBOURS):  # action a's neighbour: 1 = wall, 0 = floor
+            nb[name].append(int(game.maze_map[game.agent[0] + DELTAS[a][0], game.agent[1] + DELTAS[a][1]]))
+    return {"frames": frames, "row": row, "col": col, "move": move, "goal": goal, **nb}
 
 
 def encode(processor, frames, question: str) -> dict:
@@ -77,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vision-lr-scale", type=float, default=1.0)
     ap.add_argument("--weight-decay", type=float, default=0.0)
     ap.add_argument("--every", type=int, default=25)
+    ap.add_argument("--warmup", type=int, default=0, help="linear lr warmup steps")
+    ap.add_argument("--clip", type=float, default=0.0, help="grad-norm clip; 0 = off")
+    ap.add_argument("--target", default="move", choices=["move", "neighbours"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results/maze_perception_cpu.json")
@@ -111,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
 
     train = make_data(args.level, tile, range(args.train))
     held = make_data(args.level, tile, range(10**6, 10**6 + args.heldout))
-    keys = ("row", "col", "move")
-    ncls = {"row": size, "col": size, "move": 4}
+    keys = ("row", "col", "move") if args.target == "move" else ("row", "col", *NEIGHBOURS)
+    ncls = {"row": size, "col": size, "move": 4, **dict.fromkeys(NEIGHBOURS, 2)}
     y_train = {k: torch.tensor(train[k]) for k in keys}
     y_held = {k: torch.tensor(held[k]) for k in keys}
     chance = {}
@@ -145,10 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         return dict(per_row, pixel_values=pv, image_grid_thw=enc["image_grid_thw"][idx])
 
     def heads(inputs):
-        hidden = model.model(**inputs).last_hidden_state[:, -3:]  # [B, 3, H], after the final norm
-        w = model.get_output_embeddings().weight[digits]  # [5, H]
-        logits = hidden @ w.T
-        return {"row": logits[:, 0], "col": logits[:, 1], "move": logits[:, 2, :4]}
+        hidden = model.model(**inputs).last_hidden_state[:, -len(keys) :]  # [B, K, H], after the final norm
+        logits = hidden @ model.get_output_embeddings().weight[digits].T  # [B, K, size]
+        return {k: logits[:, i, : ncls[k]] for i, k in enumerate(keys)}
 
     def loss_of(out, y):
         return sum(torch.nn.functional.cross_entropy(out[k], y[k]) for k in keys)
@@ -160,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         {"params": list(visual.parameters()), "lr": args.lr * args.vision_lr_scale},
     ]
     opt = torch.optim.AdamW(groups, weight_decay=args.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / args.warmup) if args.warmup else 1.0)
     gen = torch.Generator().manual_seed(args.seed)
 
     def evaluate() -> dict:
@@ -182,20 +195,28 @@ def main(argv: list[str] | None = None) -> int:
         }
 
     curve, losses = [], []
-    for step in range(1, args.steps + 1):
-        idx = torch.randint(0, args.train, (args.batch,), generator=gen)
-        loss = loss_of(heads(batch(enc_train, idx)), {k: v[idx] for k, v in y_train.items()})
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        vgrad = torch.sqrt(sum(p.grad.pow(2).sum() for p in visual.parameters() if p.grad is not None))
-        opt.step()
-        losses.append(float(loss.detach()))
-        if step % args.every == 0 or step == 1 or step == args.steps:
-            point = {"step": step, "train_loss": round(sum(losses) / len(losses), 4), "vision_grad_norm": float(vgrad)}
-            point.update(evaluate())
-            losses = []
-            curve.append(point)
-            print(json.dumps(point), flush=True)
+    stopped = None  # `timeout -s INT` ends training early but still records the run
+    try:
+        for step in range(1, args.steps + 1):
+            idx = torch.randint(0, args.train, (args.batch,), generator=gen)
+            loss = loss_of(heads(batch(enc_train, idx)), {k: v[idx] for k, v in y_train.items()})
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            vgrad = torch.sqrt(sum(p.grad.pow(2).sum() for p in visual.parameters() if p.grad is not None))
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip if args.clip > 0 else float("inf"))
+            opt.step()
+            sched.step()
+            losses.append(float(loss.detach()))
+            if step % args.every == 0 or step == 1 or step == args.steps:
+                point = {"step": step, "train_loss": round(sum(losses) / len(losses), 4), "lr": sched.get_last_lr()[0]}
+                point.update(vision_grad_norm=float(vgrad), grad_norm=round(float(gnorm), 4))
+                point.update(evaluate())
+                losses = []
+                curve.append(point)
+                print(json.dumps(point), flush=True)
+    except KeyboardInterrupt:
+        stopped = step
+        print(f"interrupted at step {step}", flush=True)
 
     wall = round(time.time() - t0, 1)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -207,8 +228,12 @@ def main(argv: list[str] | None = None) -> int:
         "level": args.level,
         "tile": tile,
         "steps": args.steps,
+        "stopped_at_step": stopped,
         "lr": args.lr,
         "vision_lr_scale": args.vision_lr_scale,
+        "warmup": args.warmup,
+        "clip": args.clip,
+        "target": args.target,
         "train_mazes": args.train,
         "heldout_mazes": args.heldout,
         "distinct_train_frames": len(distinct),
