@@ -287,15 +287,15 @@ class Run:
         self.engine.update_weights(named, version=self.state.weight_version)
         verify = getattr(self.engine, "verify_weights", None)
         if verify is not None:  # an inference server (vLLM): a logprob probe against the trainer's model
-            # the run's dtype's agreement bound (fp32 1e-4; bf16 0.5, a gross-error guard)
-            tol = bounds_for(self.cfg.model.dtype).agreement.max_abs
+            tol = bounds_for(self.cfg.model.dtype).agreement.max_abs  # fp32 1e-4; bf16 0.5 (gross errors)
             try:
                 delta = verify(self._verify_model(weights), tol)
             except Exception as exc:
                 raise WeightSyncError(f"after sync {self.state.weight_version}: {exc}") from exc
             sync = self.engine.weights  # vlrl.vllm.weight_sync.WeightSync: how and how fast
             row = {"version": self.state.weight_version, "route": sync.last_route, "sync_s": sync.last_sync_s}
-            return self.log.append("weight_sync.jsonl", {**row, "probe_max_abs": delta, "probe_tol": tol})
+            self.log.append("weight_sync.jsonl", {**row, "probe_max_abs": delta, "probe_tol": tol})
+            return
         want = weights_checksum(named)
         got = self.engine.weights_checksum()
         if got != want:
