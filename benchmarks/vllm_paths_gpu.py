@@ -35,9 +35,9 @@ def time_syncs(stack, model_dir, dtype: str, device: str, n: int) -> dict:
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         stack.engine.update_weights(list(model.named_parameters()))
-        t = stack.engine.weights
-        rows.append({"route": t.last_route, "sync_s": round(t.last_sync_s, 3), "probe_max_abs": None})
-        rows[-1]["probe_max_abs"] = stack.engine.verify_weights(model, tol)
+        sync = stack.engine.weights
+        row = {"route": sync.last_route, "sync_s": round(sync.last_sync_s, 3)}
+        rows.append({**row, "probe_max_abs": stack.engine.verify_weights(model, tol)})
     n_params = sum(p.numel() for p in model.parameters())
     return {"n_params": n_params, "dtype": dtype, "probe_tol": tol, "syncs": rows}
 
@@ -55,8 +55,10 @@ section, stack = vllm_section(model_dir, args.sizes, max_tokens=64, repeats=1, t
 try:
     messages = workload_messages(1)[0]
     body = stack.engine.request_body(stack.renderer.render(messages), SamplingParams(max_tokens=64, seed=0))
-    sizes = {"vlrl_generate": len(json.dumps(body)), "raw_chat_messages": len(json.dumps(messages))}
-    section["request_json_bytes"] = sizes
+    section["request_json_bytes"] = {
+        "vlrl_generate": len(json.dumps(body)),
+        "raw_chat_messages": len(json.dumps(messages)),
+    }
     if args.sync:
         import torch
 

@@ -52,6 +52,8 @@ def test_a_run_changes_every_parameter_and_checks_agreement_every_step(vlrl_trai
     # the recipe asks the engine for its top-5: the full-distribution check ran at every step too
     assert all(a["distribution"]["k"] == 5 and a["distribution"]["vocab_kl_max"] <= 1e-6 for a in run.record.agreement)
     assert [e["label"] for e in run.record.phase("eval")] == ["before", "after_sft", "after"]
+    # every RL step's time split: rollout, train, sync (the sync is verified, so never free)
+    assert all(m[f"time_{k}_s"] > 0 for m in run.record.phase("rl") for k in ("rollout", "train", "sync"))
 
 
 def test_all_parameters_changed_fails_on_a_frozen_parameter(vlrl_train):

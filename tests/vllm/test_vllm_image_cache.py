@@ -44,3 +44,8 @@ def test_images_go_once_then_by_hash_and_a_forgetful_server_gets_them_again(vllm
     assert third.token_ids == first.token_ids and third.logprobs == first.logprobs
     assert engine.images.misses - misses == 1
     assert sizes[2] < 0.05 * sizes[0] and sizes[3] == sizes[0], sizes  # the miss, then everything again
+
+    engine.reload_checkpoint()  # a sync's /pause clears the server's cache: the engine must forget, not miss
+    fourth = engine.generate([prompt], sp)[0]
+    assert fourth.token_ids == first.token_ids and engine.images.misses - misses == 1
+    assert sizes[4] == sizes[0], sizes

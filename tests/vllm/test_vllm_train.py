@@ -48,6 +48,7 @@ def test_color_square_recipe_runs_on_vllm(vllm_stack, tiny, monkeypatch, tmp_pat
     syncs = _jsonl(out / "weight_sync.jsonl")
     assert [s["version"] for s in syncs] == [1, 2, 3]  # after SFT, after each RL step
     assert all(s["probe_max_abs"] <= 1e-4 for s in syncs), syncs
+    assert all(s["route"] == "checkpoint" and s["sync_s"] > 0 and s["probe_tol"] == 1e-4 for s in syncs), syncs
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["eval_after"] is not None
     record_property("agreement_max_abs", [a["max_abs"] for a in agreement])

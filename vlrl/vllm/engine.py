@@ -76,9 +76,9 @@ class VllmEngine:
         self.allow_truncation = allow_truncation
         self.image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
         self.banned_ids = tuple(tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS)
-        self.weights = WeightSync(self.client, tokenizer, model=model, model_dir=model_dir)
         self.images = ServerImages()
         """The images each server was sent (``vlrl.vllm.image_cache``): later requests reference them by hash."""
+        self.weights = WeightSync(self.client, tokenizer, model=model, model_dir=model_dir, images=self.images)
 
     @classmethod
     def from_pretrained(
@@ -281,12 +281,10 @@ class VllmEngine:
 
     def update_weights(self, named_tensors: NamedTensors, version: int | None = None, *, reference_model=None) -> int:
         """Reload every live server with the trainer's tensors (partial updates merge); returns the version."""
-        self.images.forget()  # the reload's /pause clears the servers' multimodal caches
         return self.weights.update(named_tensors, version, reference_model=reference_model)
 
     def clear_caches(self) -> None:
         """Every server forgets its prefix (KV) and encoder caches: the next call computes from scratch."""
-        self.images.forget()
         self.weights.reset_caches()
 
     def probe_logprobs(self, prompt: Sequence[int] | RenderedPrompt, *, url: str | None = None) -> list[float]:
@@ -296,7 +294,6 @@ class VllmEngine:
 
     def reload_checkpoint(self, path: str | None = None, version: int = 0) -> None:
         """Every server back on a checkpoint dir (default: the served one); see ``WeightSync.reload_checkpoint``."""
-        self.images.forget()
         self.weights.reload_checkpoint(path, version)
 
     def verify_weights(self, model, tol: float | None = None) -> float:

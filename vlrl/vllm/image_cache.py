@@ -10,7 +10,8 @@ same tokens from a 1,269-byte request as from the 1,607,245-byte one.
 
 The cache is the server's and it may forget (LRU eviction, ``/reset_mm_cache``, a weight sync's ``/pause``):
 a miss answers HTTP 500 and leaves the server healthy, so the engine then forgets what it believed and sends
-the request once more with every tensor (:meth:`VllmEngine._post_generate`). A render does not fill the cache
+the request once more with every tensor (:meth:`VllmEngine._post_generate`); ``WeightSync`` forgets at every
+``/pause`` and cache reset it sends. A render does not fill the cache
 (measured: a null request right after its render missed), so only images a server was *sent* count.
 
 Light module: no torch import.

@@ -41,24 +41,31 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from vlrl.checks.bounds import bounds_for
 from vlrl.engines.types import NamedTensors
 from vlrl.render.types import RenderedPrompt
 from vlrl.vllm.checkpoint import CheckpointWriter, verify_checksums
 from vlrl.vllm.client import GENERATE, VllmClient
+from vlrl.vllm.image_cache import ServerImages
 from vlrl.vllm.renderer import VllmRenderer, generate_features
 from vlrl.vllm.server import VllmServerError
 from vlrl.vllm.tensor_transfer import Transport
 from vlrl.vllm.worker import HEAD_CHECK_TOL
 
-PROBE_TOL = 1e-4
+PROBE_TOL = bounds_for("float32").agreement.max_abs
+"""The probe's default bound: fp32 agreement (runs pass their own dtype's, ``vlrl.checks.bounds``)."""
 
 
 class WeightSync:
     """What the servers behind one client hold: the served checkpoint plus merged updates (written on
     each sync), the version, and the logprob probe that proves they hold a given model's weights."""
 
-    def __init__(self, client: VllmClient, tokenizer, *, model: str, model_dir: str | None):
+    def __init__(
+        self, client: VllmClient, tokenizer, *, model: str, model_dir: str | None, images: ServerImages | None = None
+    ):
         self.client = client
+        self.images = images or ServerImages()
+        """What the engine believes each server's multimodal cache holds; forgotten where the caches are cleared."""
         self.tokenizer = tokenizer
         self.model = model
         self.model_dir = model_dir
@@ -180,6 +187,7 @@ class WeightSync:
         caps = await self.client.acapabilities()
         before = await self._checksums(url) if n_changed is not None else None
         await post(url, "/pause?mode=wait", {}, what=f"{what} (pause)")
+        self.images.forget()  # /pause clears the server's multimodal cache (clear_cache defaults to true)
         try:
             data = await post(url, "/collective_rpc", rpc, what=f"{what} (reload)")
             check_packed(url, data)
@@ -192,7 +200,9 @@ class WeightSync:
             verify_checksums(url, before, await self._checksums(url), n_changed)
 
     def reset_caches(self) -> None:
-        """Every live server forgets its prefix (KV) and encoder caches (``VllmEngine.clear_caches``)."""
+        """Every live server forgets its prefix (KV) and encoder caches (``VllmEngine.clear_caches``); the
+        engine sends every image whole again (a cold start)."""
+        self.images.forget()
         for url in self.client.live_urls():
             self.client.run(self._reset_caches(url, "clear caches"))
 
