@@ -26,6 +26,7 @@ least a share, that never happens; batches that divide by N never pad.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import os
 import time
@@ -35,6 +36,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from vlrl.algos.aggregation import AggCounts, agg_counts
 from vlrl.errors import VlrlError
@@ -90,9 +92,33 @@ def init_distributed(device: str) -> Dist:
     return Dist(rank=dist.get_rank(), world=dist.get_world_size(), local_rank=local, device=device, sharded=True)
 
 
+_MESH: list[DeviceMesh] = []  # the process's one mesh, made on first use
+
+
+def device_mesh(d: Dist) -> DeviceMesh:
+    """The 1-D mesh over all ranks that FSDP2 shards on (the policy's and the reference's: one per process)."""
+    if not _MESH:
+        _MESH.append(init_device_mesh("cuda" if d.device.startswith("cuda") else "cpu", (d.world,)))
+    return _MESH[0]
+
+
 def close_distributed() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    """Leave the process group, its threads ended here and not at interpreter exit.
+
+    ``destroy_process_group`` drops torch.distributed's references to the group, but a ``DeviceMesh`` keeps its
+    groups (``_pg_registry``) and DTensor's caches keep the mesh for the life of the process, so gloo's worker
+    threads outlived the call and were torn down in interpreter finalization, where a rank of a run that had
+    finished sometimes died of SIGABRT ("terminate called without an active exception"; CI at 92d354c). The
+    barrier first: no rank leaves while a peer still has a collective in flight.
+    """
+    if not dist.is_initialized():
+        return
+    barrier()
+    dist.destroy_process_group()
+    for mesh in _MESH:
+        mesh._pg_registry.clear()  # the last owner of the group: its destructor joins the threads now
+    _MESH.clear()
+    gc.collect()
 
 
 def _active() -> bool:

@@ -35,7 +35,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -84,7 +83,9 @@ def shard_model(
     The model is on ``d.device`` in its storage dtype (fp32 masters, or bf16 with ``master_weights=model``);
     ``compute_dtype`` is what forwards run in; ``fraction``: the most of the model one group of blocks holds.
     """
-    mesh = init_device_mesh("cuda" if d.device.startswith("cuda") else "cpu", (d.world,))
+    from vlrl.train.distributed import device_mesh  # at call time: see the import cycle above
+
+    mesh = device_mesh(d)
     param_dtype = None if compute_dtype == torch.float32 else compute_dtype
     # Only the root casts its inputs (the fp32 pixels, as a plain bf16 model's forward does): a block's inputs
     # are what the model hands it, as in a plain bf16 model — the vision blocks' RoPE cos/sin stay fp32.

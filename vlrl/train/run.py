@@ -397,4 +397,6 @@ class Run:
         self.log.close()
         self._close_engine()
         if self.dist.sharded:
+            # FSDP's state holds the process group: drop the models so close_distributed can end its threads
+            del self.model, self.trainer, self.engine, self._mirror, self._lora
             D.close_distributed()
