@@ -102,18 +102,20 @@ def device_mesh(d: Dist) -> DeviceMesh:
     return _MESH[0]
 
 
-def close_distributed() -> None:
+def close_distributed(wait_for_peers: bool = True) -> None:
     """Leave the process group, its threads ended here and not at interpreter exit.
 
     ``destroy_process_group`` drops torch.distributed's references to the group, but a ``DeviceMesh`` keeps its
     groups (``_pg_registry``) and DTensor's caches keep the mesh for the life of the process, so gloo's worker
     threads outlived the call and were torn down in interpreter finalization, where a rank of a run that had
-    finished sometimes died of SIGABRT ("terminate called without an active exception"; CI at 92d354c). The
-    barrier first: no rank leaves while a peer still has a collective in flight.
+    finished sometimes died of SIGABRT ("terminate called without an active exception"; CI at 92d354c).
+    ``wait_for_peers`` (a run every rank finished) puts a barrier first: no rank leaves while a peer still has a
+    collective in flight.
     """
     if not dist.is_initialized():
         return
-    barrier()
+    if wait_for_peers and _active():
+        dist.barrier()
     dist.destroy_process_group()
     for mesh in _MESH:
         mesh._pg_registry.clear()  # the last owner of the group: its destructor joins the threads now

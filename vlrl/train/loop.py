@@ -37,6 +37,7 @@ def train(cfg: TrainConfig, on_start: Callable | None = None) -> dict:
     """
     t0 = time.time()
     run = Run(cfg)
+    finished = False
     if on_start is not None:
         on_start(run.model)
     try:
@@ -72,9 +73,11 @@ def train(cfg: TrainConfig, on_start: Callable | None = None) -> dict:
             "out": str(run.log.dir),
         }
         run.log.write_json("summary.json", summary)
-        return D.broadcast(summary)
+        summary = D.broadcast(summary)
+        finished = True
+        return summary
     finally:
-        run.close()
+        run.close(finished)
 
 
 def rl_step(run: Run, step: int) -> dict:

@@ -393,10 +393,12 @@ class Run:
             if (st.rl_step, st.sft_step) > mine:
                 shutil.rmtree(other)
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> None:
+        """Close the log and the engine and leave the process group; ``finished``: every rank got to the end
+        (after a failure the ranks may stand in different collectives: no barrier then)."""
         self.log.close()
         self._close_engine()
         if self.dist.sharded:
             # FSDP's state holds the process group: drop the models so close_distributed can end its threads
             del self.model, self.trainer, self.engine, self._mirror, self._lora
-            D.close_distributed()
+            D.close_distributed(wait_for_peers=finished)
