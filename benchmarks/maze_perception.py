@@ -3,7 +3,7 @@ the agent is and which way the BFS expert moves first?
 
     python benchmarks/maze_perception.py [--arch qwen2_5_vl|qwen3_vl|qwen2_vl] [--model tiny|small]
         [--level 5x5] [--tile 0] [--train 256] [--heldout 64] [--steps 300] [--batch 32] [--lr 1e-3]
-        [--vision-lr-scale 1] [--every 25] [--warmup 0] [--clip 0] [--target move|neighbours]
+        [--vision-lr-scale 1] [--every 25] [--warmup 0] [--clip 0] [--target move|neighbours|walls]
         [--out benchmarks/results/maze_perception_cpu.json] [--name RUN]
 
 Per maze (seeds 0..train-1 for training, 10**6.. for held-out): the first frame (``env.gym_env.reset``),
@@ -18,7 +18,10 @@ majority class scored on held-out), the merged image tokens' RMS on held-out fra
 tower's gradient norm. ``--warmup N``: linear lr warmup over N steps; ``--clip C``: clip the total grad
 norm to C (0 = off; the logged ``grad_norm`` is before clipping). ``--target neighbours`` replaces the
 move readout by 4 binary ones at the last 6 positions (row, col, then the tiles right/up/left/down of
-the agent, each over "0" floor / "1" wall = ``maze_map[tile]``). ``--tile 0`` = the arch's merge unit
+the agent, each over "0" floor / "1" wall = ``maze_map[tile]``); ``--target walls`` by one binary readout
+per corridor tile (the tiles whose wall state varies between mazes: 4 in 5x5, 12 in 7x7), at fixed absolute
+positions in the frame, so perception of the walls is told apart from relating them to the agent.
+``--tile 0`` = the arch's merge unit
 (28 px Qwen2/2.5, 32 px Qwen3): one merged vision token per maze tile. Appends the run to ``--out``
 (JSON, ``{"runs": [...]}``).
 """
@@ -47,7 +50,8 @@ def make_data(level: str, tile: int, seeds: range) -> dict:
     from vlrl.envs.maze_text import make_maze2d
 
     frames, row, col, move, goal = [], [], [], [], []
-    nb = {name: [] for name in NEIGHBOURS}
+    nb: dict[str, list[int]] = {name: [] for name in NEIGHBOURS}
+    maps = []
     for seed in seeds:
         env = make_maze2d(level, {"tile": tile}, seed)
         frame, _ = env.gym_env.reset(seed=seed)
@@ -57,9 +61,18 @@ def make_data(level: str, tile: int, seeds: range) -> dict:
         col.append(game.agent[1])
         goal.append(list(game.target))
         move.append(shortest_path_actions(game.maze_map, game.agent, game.target)[0])
+        maps.append(np.asarray(game.maze_map))
         for a, name in enumerate(NEIGHBOURS):  # action a's neighbour: 1 = wall, 0 = floor
             nb[name].append(int(game.maze_map[game.agent[0] + DELTAS[a][0], game.agent[1] + DELTAS[a][1]]))
-    return {"frames": frames, "row": row, "col": col, "move": move, "goal": goal, **nb}
+    return {"frames": frames, "row": row, "col": col, "move": move, "goal": goal, "maps": maps, **nb}
+
+
+def corridor_tiles(size: int) -> list[tuple[int, int]]:
+    """The tiles whose wall state differs between mazes of one size: those joining two adjacent cells
+    (odd row, even col or even row, odd col, inside the outer ring). Cells (odd, odd) are always floor,
+    (even, even) tiles always wall."""
+    inner = range(1, size - 1)
+    return [(r, c) for r in inner for c in inner if (r + c) % 2 == 1]
 
 
 def encode(processor, frames, question: str) -> dict:
@@ -89,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=25)
     ap.add_argument("--warmup", type=int, default=0, help="linear lr warmup steps")
     ap.add_argument("--clip", type=float, default=0.0, help="grad-norm clip; 0 = off")
-    ap.add_argument("--target", default="move", choices=["move", "neighbours"])
+    ap.add_argument("--target", default="move", choices=["move", "neighbours", "walls"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results/maze_perception_cpu.json")
@@ -124,8 +137,12 @@ def main(argv: list[str] | None = None) -> int:
 
     train = make_data(args.level, tile, range(args.train))
     held = make_data(args.level, tile, range(10**6, 10**6 + args.heldout))
-    keys = ("row", "col", "move") if args.target == "move" else ("row", "col", *NEIGHBOURS)
-    ncls = {"row": size, "col": size, "move": 4, **dict.fromkeys(NEIGHBOURS, 2)}
+    tiles = corridor_tiles(size)
+    for data in (train, held):  # "w{r}{c}": 1 = wall at tile (r, c)
+        data.update({f"w{r}{c}": [int(m[r, c]) for m in data["maps"]] for r, c in tiles})
+    extra = {"move": ("move",), "neighbours": NEIGHBOURS, "walls": tuple(f"w{r}{c}" for r, c in tiles)}
+    keys = ("row", "col", *extra[args.target])
+    ncls = {"row": size, "col": size, "move": 4, **dict.fromkeys(keys[2:] if args.target != "move" else (), 2)}
     y_train = {k: torch.tensor(train[k]) for k in keys}
     y_held = {k: torch.tensor(held[k]) for k in keys}
     chance = {}
