@@ -22,3 +22,17 @@ def test_warmup_ramps_from_near_zero_to_the_decay_curve():
     assert ramp[3] == pytest.approx(0.81)  # warm-up over: the decay alone
     assert ramp[4] == pytest.approx(0.70)
     assert all(a < b for a, b in zip(ramp[:4], ramp[1:4], strict=False))
+
+
+def test_the_small_model_is_built_in_the_levels_arch(tmp_path):
+    """``--model small --set model.arch=qwen3_vl`` starts from a Qwen3-VL small model, not Qwen2.5-VL's weights
+    under a Qwen3-VL config."""
+    import json
+
+    from vlrl.envs.maze_curriculum import LevelPlan, start_weights
+
+    plan = LevelPlan("5x5", 0, 0, overrides=("model.arch=qwen3_vl",), model="small")
+    path = start_weights(plan, tmp_path, None)
+    assert json.loads((path / "vlrl_model.json").read_text())["arch"] == "qwen3_vl"
+    assert start_weights(plan, tmp_path, "/given") == "/given"
+    assert start_weights(LevelPlan("5x5", 0, 0), tmp_path, None) is None  # tiny: the config's named size

@@ -300,6 +300,14 @@ def save_weights(run, dest: Path) -> Path:
     return dest
 
 
+def start_weights(plan: LevelPlan, out: str | Path, model_path: str | Path | None) -> str | Path | None:
+    """Where the level starts: ``model_path``, else the random-init small model of the level's ``model.arch``
+    (``plan.model == "small"``), else None (the config's named size)."""
+    if model_path is None and plan.model == "small":
+        return small_checkpoint(level_config(plan, out).model.arch)
+    return model_path
+
+
 def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None = None) -> LevelResult:
     """Train one level within its budgets; writes the run dir (metrics, agreement, samples, summary,
     report) and ``<out>/weights``; returns what it reached."""
@@ -308,9 +316,7 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
     from vlrl.train.run import Run
 
     t0 = time.time()
-    if model_path is None and plan.model == "small":
-        model_path = small_checkpoint()
-    cfg = level_config(plan, out, model_path)
+    cfg = level_config(plan, out, start_weights(plan, out, model_path))
     run = Run(cfg)
     try:
         run.log.reset()
