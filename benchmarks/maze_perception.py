@@ -3,7 +3,7 @@ the agent is and which way the BFS expert moves first?
 
     python benchmarks/maze_perception.py [--arch qwen2_5_vl|qwen3_vl|qwen2_vl] [--model tiny|small]
         [--level 5x5] [--tile 0] [--train 256] [--heldout 64] [--steps 300] [--batch 32] [--lr 1e-3]
-        [--vision-lr-scale 1] [--every 25] [--warmup 0] [--clip 0] [--target move|neighbours|walls]
+        [--vision-lr-scale 1] [--every 25] [--warmup 0] [--clip 0] [--target move|neighbours|walls|walls_move]
         [--out benchmarks/results/maze_perception_cpu.json] [--name RUN]
 
 Per maze (seeds 0..train-1 for training, 10**6.. for held-out): the first frame (``env.gym_env.reset``),
@@ -20,7 +20,8 @@ norm to C (0 = off; the logged ``grad_norm`` is before clipping). ``--target nei
 move readout by 4 binary ones at the last 6 positions (row, col, then the tiles right/up/left/down of
 the agent, each over "0" floor / "1" wall = ``maze_map[tile]``); ``--target walls`` by one binary readout
 per corridor tile (the tiles whose wall state varies between mazes: 4 in 5x5, 12 in 7x7), at fixed absolute
-positions in the frame, so perception of the walls is told apart from relating them to the agent.
+positions in the frame, so perception of the walls is told apart from relating them to the agent;
+``--target walls_move`` reads both the walls and, last, the first move (the walls as an auxiliary target).
 ``--tile 0`` = the arch's merge unit
 (28 px Qwen2/2.5, 32 px Qwen3): one merged vision token per maze tile. Appends the run to ``--out``
 (JSON, ``{"runs": [...]}``).
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=25)
     ap.add_argument("--warmup", type=int, default=0, help="linear lr warmup steps")
     ap.add_argument("--clip", type=float, default=0.0, help="grad-norm clip; 0 = off")
-    ap.add_argument("--target", default="move", choices=["move", "neighbours", "walls"])
+    ap.add_argument("--target", default="move", choices=["move", "neighbours", "walls", "walls_move"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results/maze_perception_cpu.json")
@@ -140,9 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     tiles = corridor_tiles(size)
     for data in (train, held):  # "w{r}{c}": 1 = wall at tile (r, c)
         data.update({f"w{r}{c}": [int(m[r, c]) for m in data["maps"]] for r, c in tiles})
-    extra = {"move": ("move",), "neighbours": NEIGHBOURS, "walls": tuple(f"w{r}{c}" for r, c in tiles)}
+    walls = tuple(f"w{r}{c}" for r, c in tiles)
+    extra = {"move": ("move",), "neighbours": NEIGHBOURS, "walls": walls, "walls_move": (*walls, "move")}
     keys = ("row", "col", *extra[args.target])
-    ncls = {"row": size, "col": size, "move": 4, **dict.fromkeys(keys[2:] if args.target != "move" else (), 2)}
+    ncls = {**dict.fromkeys(keys, 2), "row": size, "col": size, "move": 4}
     y_train = {k: torch.tensor(train[k]) for k in keys}
     y_held = {k: torch.tensor(held[k]) for k in keys}
     chance = {}
@@ -151,12 +153,13 @@ def main(argv: list[str] | None = None) -> int:
         chance[k] = round(float((y_held[k] == majority).float().mean()), 4)
     probs = {k: torch.bincount(y_train[k], minlength=ncls[k]).float() / args.train for k in keys}
     chance["loss"] = round(float(sum(-(p[p > 0] * p[p > 0].log()).sum() for p in probs.values())), 4)
-    cell_move: dict = {}  # the best first move knowing only the agent's tile (train majority per tile)
-    for r, c, m in zip(train["row"], train["col"], train["move"], strict=True):
-        cell_move.setdefault((r, c), []).append(m)
-    best = {cell: max(set(ms), key=ms.count) for cell, ms in cell_move.items()}
-    hits = [best.get((r, c)) == m for r, c, m in zip(held["row"], held["col"], held["move"], strict=True)]
-    chance["move_given_cell"] = round(sum(hits) / len(hits), 4)
+    for k in keys[2:]:  # the best guess knowing only the agent's tile (train majority per tile)
+        per_cell: dict = {}
+        for r, c, v in zip(train["row"], train["col"], train[k], strict=True):
+            per_cell.setdefault((r, c), []).append(v)
+        best = {cell: max(set(vs), key=vs.count) for cell, vs in per_cell.items()}
+        hits = [best.get((r, c)) == v for r, c, v in zip(held["row"], held["col"], held[k], strict=True)]
+        chance[f"{k}_given_cell"] = round(sum(hits) / len(hits), 4)
     distinct = {f.tobytes() for f in train["frames"]}
     overlap = sum(f.tobytes() in distinct for f in held["frames"]) / len(held["frames"])
     enc_train = encode(processor, train["frames"], QUESTION)
