@@ -4,7 +4,7 @@ the agent is and which way the BFS expert moves first?
     python benchmarks/maze_perception.py [--arch qwen2_5_vl|qwen3_vl|qwen2_vl] [--model tiny|small]
         [--level 5x5] [--tile 0] [--train 256] [--heldout 64] [--steps 300] [--batch 32] [--lr 1e-3]
         [--vision-lr-scale 1] [--every 25] [--warmup 0] [--clip 0] [--target move|neighbours|walls|walls_move]
-        [--out benchmarks/results/maze_perception_cpu.json] [--name RUN]
+        [--say-position] [--out benchmarks/results/maze_perception_cpu.json] [--name RUN]
 
 Per maze (seeds 0..train-1 for training, 10**6.. for held-out): the first frame (``env.gym_env.reset``),
 the agent's tile (row, col of ``maze_map``), the goal tile, and the expert's first move (the first action
@@ -22,6 +22,9 @@ the agent, each over "0" floor / "1" wall = ``maze_map[tile]``); ``--target wall
 per corridor tile (the tiles whose wall state varies between mazes: 4 in 5x5, 12 in 7x7), at fixed absolute
 positions in the frame, so perception of the walls is told apart from relating them to the agent;
 ``--target walls_move`` reads both the walls and, last, the first move (the walls as an auxiliary target).
+``--say-position`` (``move`` or ``neighbours``) begins the reply with the agent's row and column digits,
+teacher-forced, read out where the model predicts each, then the move at the column digit or the neighbours at
+the words " right up left down" after it: does stating where the agent is make its surroundings readable?
 ``--tile 0`` = the arch's merge unit
 (28 px Qwen2/2.5, 32 px Qwen3): one merged vision token per maze tile. Appends the run to ``--out``
 (JSON, ``{"runs": [...]}``).
@@ -76,11 +79,20 @@ def corridor_tiles(size: int) -> list[tuple[int, int]]:
     return [(r, c) for r in inner for c in inner if (r + c) % 2 == 1]
 
 
-def encode(processor, frames, question: str) -> dict:
-    """Processor tensors for a batch of frames under one fixed prompt (all frames one size: no padding)."""
+def encode(processor, frames, question: str, tails: list[str] | None = None) -> dict:
+    """Processor tensors for a batch of frames under one fixed prompt, each reply begun with its ``tails``
+    entry when given (all frames one size and all tails one token length: no padding)."""
     msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
     text = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    return processor(text=[text] * len(frames), images=list(frames), return_tensors="pt")
+    texts = [text + tail for tail in tails] if tails else [text] * len(frames)
+    return processor(text=texts, images=list(frames), return_tensors="pt")
+
+
+def spoken_position(data: dict, target: str) -> list[str]:
+    """The replies' teacher-forced start for ``--say-position``: the agent's row and column digits, then (for
+    ``neighbours``) one word per neighbour, each read out at its own position."""
+    words = " right up left down" if target == "neighbours" else ""
+    return [f"{r}{c}{words}" for r, c in zip(data["row"], data["col"], strict=True)]
 
 
 def vision_module(model):
@@ -104,11 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=0, help="linear lr warmup steps")
     ap.add_argument("--clip", type=float, default=0.0, help="grad-norm clip; 0 = off")
     ap.add_argument("--target", default="move", choices=["move", "neighbours", "walls", "walls_move"])
+    ap.add_argument(
+        "--say-position", action="store_true", help="the reply starts with the agent's row, col (teacher-forced)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results/maze_perception_cpu.json")
     ap.add_argument("--name", default=None)
     args = ap.parse_args(argv)
+    if args.say_position and args.target not in ("move", "neighbours"):
+        ap.error("--say-position goes with --target move or neighbours")
 
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -162,8 +179,13 @@ def main(argv: list[str] | None = None) -> int:
         chance[f"{k}_given_cell"] = round(sum(hits) / len(hits), 4)
     distinct = {f.tobytes() for f in train["frames"]}
     overlap = sum(f.tobytes() in distinct for f in held["frames"]) / len(held["frames"])
-    enc_train = encode(processor, train["frames"], QUESTION)
-    enc_held = encode(processor, held["frames"], QUESTION)
+    say = args.say_position
+    enc_train = encode(processor, train["frames"], QUESTION, spoken_position(train, args.target) if say else None)
+    enc_held = encode(processor, held["frames"], QUESTION, spoken_position(held, args.target) if say else None)
+    # Readout positions: the last len(keys); with --say-position, row and col where the model predicts the
+    # two digits (before each) and the rest at the tail's last positions, after the digits.
+    n_tail = 2 + (4 if args.target == "neighbours" else 0)
+    at = list(range(-len(keys), 0)) if not say else [-n_tail - 1, -n_tail, *range(-(len(keys) - 2), 0)]
     per_img = int(enc_train["pixel_values"].shape[0] // args.train)  # patch rows per frame
     print(
         f"{args.arch} {args.model} tile {tile} frame {train['frames'][0].shape} seq {enc_train['input_ids'].shape[1]} "
@@ -178,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         return dict(per_row, pixel_values=pv, image_grid_thw=enc["image_grid_thw"][idx])
 
     def heads(inputs):
-        hidden = model.model(**inputs).last_hidden_state[:, -len(keys) :]  # [B, K, H], after the final norm
+        hidden = model.model(**inputs).last_hidden_state[:, at]  # [B, K, H], after the final norm
         logits = hidden @ model.get_output_embeddings().weight[digits].T  # [B, K, size]
         return {k: logits[:, i, : ncls[k]] for i, k in enumerate(keys)}
 
@@ -254,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         "warmup": args.warmup,
         "clip": args.clip,
         "target": args.target,
+        "say_position": args.say_position,
         "train_mazes": args.train,
         "heldout_mazes": args.heldout,
         "distinct_train_frames": len(distinct),
