@@ -1,22 +1,20 @@
 """The parts of a training run, built from a :class:`TrainConfig`: model, engine, rollouts, data, logs.
 
-The trainer's model and the engine's are separate copies (as with a real inference server):
-after every optimizer step the weights are pushed to the engine and the sync is verified by
-checksum — never assumed.
+The trainer's model and the engine's are separate copies (as with a real inference server): after every optimizer
+step the weights are pushed to the engine and the sync is verified by checksum — never assumed.
 
-**Several processes** (``torchrun``, see ``vlrl.train.distributed``): the policy (and the reference model)
-is sharded with FSDP2 (``vlrl.train.fsdp``) over every rank; the engine, evaluation, logs and checkpoint
-metadata live on **rank 0**. Rank 0 rolls out and broadcasts the trajectories; each rank computes logprobs
-and gradients for its share of the batch. Why the embedded engine on rank 0 rather than one per rank: the
-rollouts are then exactly the one-process run's (same engine, same seeds), so a distributed step is provably
-the same step and a checkpoint resumes on any rank count; the engine is held once, not N times; and the
-embedded engine is the small, exact engine of tests and CPU runs. Rollouts scale with ``rollout.engine=vllm``:
-rank 0 drives any number of vLLM servers over HTTP (``VLRL_VLLM_URL``), which is where generation throughput
-comes from. Either way the weight sync gathers the full state once per step (to rank 0) and pushes it.
+**Several processes** (``torchrun``, see ``vlrl.train.distributed``): the policy (and the reference model) is sharded
+with FSDP2 (``vlrl.train.fsdp``) over every rank; the engine, evaluation, logs and checkpoint metadata live on rank 0.
+Rank 0 rolls out and broadcasts the trajectories; each rank computes logprobs and gradients for its share of the batch.
+Why the embedded engine on rank 0 rather than one per rank: the rollouts are then exactly the one-process run's (same
+engine, same seeds), so a distributed step is provably the same step and a checkpoint resumes on any rank count; the
+engine is held once, not N times; and the embedded engine is the small, exact engine of tests and CPU runs. Rollouts
+scale with ``rollout.engine=vllm``: rank 0 drives any number of vLLM servers over HTTP (``VLRL_VLLM_URL``); that is
+where generation throughput comes from. Either way a weight sync gathers the full state on rank 0 and pushes it.
 
-**LoRA** (``model.lora``, ``vlrl.models.lora``): peft's adapters are injected into the policy after the
-engine's and the reference's copies are taken (both are the base model); the engine is sent the merged
-weights under the base names and verified by the same checksum.
+**LoRA** (``model.lora``, ``vlrl.models.lora``): peft's adapters are injected into the policy after the engine's and
+the reference's copies are taken (both are the base model); the engine is sent the merged weights under the base names
+and verified by the same checksum.
 """
 
 from __future__ import annotations
@@ -394,11 +392,9 @@ class Run:
                 shutil.rmtree(other)
 
     def close(self, finished: bool = True) -> None:
-        """Close the log and the engine and leave the process group; ``finished``: every rank got to the end
-        (after a failure the ranks may stand in different collectives: no barrier then)."""
+        """Close the log and the engine, leave the process group (``finished``: every rank reached the end)."""
         self.log.close()
         self._close_engine()
-        if self.dist.sharded:
-            # FSDP's state holds the process group: drop the models so close_distributed can end its threads
+        if self.dist.sharded:  # the models first: FSDP's state holds the process group
             del self.model, self.trainer, self.engine, self._mirror, self._lora
             D.close_distributed(wait_for_peers=finished)
