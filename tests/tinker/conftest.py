@@ -36,7 +36,9 @@ def tinker_server(vlrl_model_dir):
 def service_client(tinker_server):
     import tinker
 
-    return tinker.ServiceClient()
+    client = tinker.ServiceClient()
+    yield client
+    client.close("success").result(timeout=30)  # its session's heartbeats end with the server
 
 
 @pytest.fixture(scope="session")

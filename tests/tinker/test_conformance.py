@@ -216,3 +216,21 @@ def test_training_requests_are_idempotent_by_model_and_seq_id(http, tinker_serve
     other = http.post("/api/v1/optim_step", json={**body, "seq_id": 79}).json()["request_id"]
     _result(http, other)
     assert trained.steps == steps + 2
+
+
+def test_the_sdks_close_finishes_its_session_and_no_model_joins_it_after(http, tinker_server):
+    """``ServiceClient.close`` (SDK 0.38) posts ``/sessions/{id}/finish``; the session ends with its reason,
+    a model asked for in it afterwards is refused by name, an unknown session is a 404."""
+    import tinker
+
+    service = tinker_server.service
+    before = set(service.sessions)
+    client = tinker.ServiceClient(base_url=tinker_server.url, api_key=tinker_server.api_key)
+    client.create_sampling_client(base_model=MODEL_NAME)  # the client's first call opens its session
+    (sid,) = set(service.sessions) - before
+    client.close("success", detail="done").result(timeout=30)
+    assert service.sessions[sid]["finished"] == {"reason": "success", "detail": "done"}
+    r = http.post("/api/v1/create_model", json={"session_id": sid, "model_seq_id": 9, "base_model": MODEL_NAME})
+    assert r.status_code == 400 and "finished" in r.json()["detail"], r.text
+    r = http.post("/api/v1/sessions/session-nope/finish", json={"reason": {"type": "success"}})
+    assert r.status_code == 404 and "session-nope" in r.json()["detail"], r.text

@@ -56,8 +56,8 @@ def test_cookbook_rl_loop_learns_color_square_through_the_api(warm_start, record
         )
     )
     running = serve_in_thread(service)
+    client = tinker.ServiceClient(base_url=running.url, api_key=running.api_key)
     try:
-        client = tinker.ServiceClient(base_url=running.url, api_key=running.api_key)
         loop = LoopConfig(
             model_name="warm",
             env=cfg.data.env,
@@ -78,6 +78,7 @@ def test_cookbook_rl_loop_learns_color_square_through_the_api(warm_start, record
         )
         history = rl_loop(client, EmbeddedRenderer.from_pretrained(model_dir), loop, log=print)
     finally:
+        client.close("success").result(timeout=30)  # ends its session's heartbeats before the server goes
         running.stop()
     record_property("tinker_rl_history", history)
     assert history[0]["eval"] <= WARM_START_MAX, f"the warm start must not know the colours: {history[0]}"

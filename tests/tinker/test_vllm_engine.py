@@ -28,8 +28,8 @@ def test_vllm_engine_trains_on_its_renders_and_samples_the_saved_weights(vllm_st
         ServiceConfig(base_model=str(stack.engine.model_dir), model_name="tiny", engine="vllm"), vllm=stack
     )
     running = serve_in_thread(service)
+    client = tinker.ServiceClient(base_url=running.url, api_key=running.api_key)
     try:
-        client = tinker.ServiceClient(base_url=running.url, api_key=running.api_key)
         tc = client.create_lora_training_client(base_model="tiny", rank=0).result()
         model_input, rendered = conversation_input(image_conversation(11), renderer)
         answer = renderer.tokenizer("blue<|im_end|>")["input_ids"]
@@ -57,5 +57,6 @@ def test_vllm_engine_trains_on_its_renders_and_samples_the_saved_weights(vllm_st
             assert not report.breached and report.overall.max_abs < 1e-4, report.summary()
             assert (on_base - rollout).abs().max() > 1e-3, "vLLM sampled the base weights, not the saved ones"
     finally:
+        client.close("success").result(timeout=30)  # ends its session's heartbeats before the server goes
         running.stop()  # the stack is the session's: a service given one leaves it running
         stack.engine.reload_checkpoint()  # the shared server back on the checkpoint for the tests after this one

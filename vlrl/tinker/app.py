@@ -109,6 +109,7 @@ async def _body_json(request, limit: int) -> dict[str, Any]:
 
 def _info_routes(app, service: Service, limit: int) -> None:
     """Health, capabilities, the SDK's feature flags, sessions, telemetry (dropped) and the JSON operations."""
+    from fastapi import Request
 
     @app.get(f"{PREFIX}/healthz")
     def healthz() -> dict:
@@ -133,6 +134,10 @@ def _info_routes(app, service: Service, limit: int) -> None:
     @app.post(f"{PREFIX}/session_heartbeat")
     def session_heartbeat() -> dict:
         return {"type": "session_heartbeat"}
+
+    @app.post(f"{PREFIX}/sessions/{{session_id}}/finish")
+    async def finish_session(session_id: str, request: Request) -> None:
+        service.finish_session(session_id, await _body_json(request, limit))
 
     @app.get(f"{PREFIX}/samplers/{{sampler_id}}")
     def get_sampler(sampler_id: str) -> dict:

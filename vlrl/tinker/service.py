@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vlrl.errors import BadInputError
-from vlrl.tinker.futures import FutureTable, Json, Outcome, Proto
+from vlrl.tinker.futures import FutureTable, Json, Outcome, Proto, UnknownIdError
 from vlrl.tinker.inputs import ImageRenderer, InputLimits, render_chunks
 from vlrl.tinker.losses import TINKER_LOSSES
 from vlrl.tinker.sampling import BASE, SamplerPool, sample_spec
@@ -101,6 +101,17 @@ class Service:
             self.sessions[sid] = {"tags": body.get("tags") or [], "sdk_version": body.get("sdk_version")}
         return {"type": "create_session", "session_id": sid}
 
+    def finish_session(self, session_id: str, body: dict) -> None:
+        """``POST /sessions/{id}/finish`` (the SDK's ``ServiceClient.close``): the session ends with the reason it
+        gives (the first one stays); its models and samplers live on, no new model joins it."""
+        reason = body.get("reason")
+        reason = reason if isinstance(reason, dict) else {}
+        with self._lock:
+            session = self.sessions.get(session_id)
+            if session is None:
+                raise UnknownIdError(f"unknown session_id {session_id!r}")
+            session.setdefault("finished", {"reason": reason.get("type"), "detail": body.get("detail")})
+
     def _check_base(self, name: str | None) -> None:
         if name is not None and name not in (self.cfg.model_name, self.cfg.base_model):
             raise BadInputError(f"base_model {name!r} is not served here; this server serves {self.cfg.model_name!r}")
@@ -128,8 +139,11 @@ class Service:
         """LoRA when ``lora_config.rank > 0``; full fine-tuning without ``lora_config`` or with rank 0
         (SDK 0.38 has no other full fine-tuning call: ``create_lora_training_client(base, rank=0)``)."""
         self._check_base(body.get("base_model"))
-        if body.get("session_id") not in self.sessions:
+        session = self.sessions.get(str(body.get("session_id")))
+        if session is None:
             raise BadInputError(f"unknown session_id {body.get('session_id')!r}")
+        if "finished" in session:
+            raise BadInputError(f"session {body['session_id']!r} is finished ({session['finished']['reason']})")
         try:
             model_id = f"{body['session_id']}:train:{int(body['model_seq_id'])}"
         except (KeyError, TypeError, ValueError):
