@@ -117,8 +117,10 @@ def close_distributed(wait_for_peers: bool = True) -> None:
     if wait_for_peers and _active():
         dist.barrier()
     dist.destroy_process_group()
-    for mesh in _MESH:
-        mesh._pg_registry.clear()  # the last owner of the group: its destructor joins the threads now
+    for mesh in _MESH:  # the mesh is the group's last owner: its destructor joins the threads now
+        registry = getattr(mesh, "_pg_registry", None)  # torch 2.13's; a torch without it: left as it is
+        if registry is not None:
+            registry.clear()
     _MESH.clear()
     gc.collect()
 
