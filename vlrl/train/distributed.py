@@ -102,7 +102,7 @@ def device_mesh(d: Dist) -> DeviceMesh:
     return _MESH[0]
 
 
-def close_distributed(wait_for_peers: bool = True) -> None:
+def close_distributed(wait_for_peers: bool = False) -> None:
     """Leave the process group, its threads ended here and not at interpreter exit.
 
     ``destroy_process_group`` drops torch.distributed's references to the group, but a ``DeviceMesh`` keeps its

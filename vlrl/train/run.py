@@ -391,7 +391,7 @@ class Run:
             if (st.rl_step, st.sft_step) > mine:
                 shutil.rmtree(other)
 
-    def close(self, finished: bool = True) -> None:
+    def close(self, finished: bool = False) -> None:
         """Close the log and the engine, leave the process group (``finished``: every rank reached the end)."""
         self.log.close()
         self._close_engine()
