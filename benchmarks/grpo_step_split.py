@@ -1,9 +1,10 @@
 """A full GRPO step's time split (rollout, weight sync, train) from a real training run, as bench JSON.
 
-Runs ``vlrl train RECIPE run.out=DIR [overrides]`` (stopped after ``LIMIT`` seconds if set, the steps done kept) (the trainer's own loop: SFT, then RL steps with the engine the
-overrides choose), then reads what the run logged: per RL step ``time_rollout_s`` / ``time_train_s`` /
-``time_sync_s`` and the step's wall time (``metrics.jsonl``), each sync's route, seconds and probe
-(``weight_sync.jsonl``), and each step's agreement (``agreement.jsonl``). The 2b model on vLLM, one GPU:
+Runs ``vlrl train RECIPE run.out=DIR [overrides]`` (the trainer's own loop: SFT, then RL steps with the engine the
+overrides choose; stopped after ``LIMIT`` seconds if set, the steps done kept), then reads what the run logged:
+per RL step ``time_rollout_s`` / ``time_train_s`` / ``time_sync_s`` and the step's wall time (``metrics.jsonl``),
+each sync's route, seconds and probe (``weight_sync.jsonl``), and each step's agreement (``agreement.jsonl``).
+The 2b model on vLLM, one GPU:
 
     python benchmarks/grpo_step_split.py OUT.json maze2d model.size=2b rollout.engine=vllm run.agreement=stop \\
         sft.steps=1 sft.rows_per_step=8 run.steps=3 rollout.rows_per_step=8 data.eval_rows=8 run.eval_every=0 \\
