@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from vlrl.bench.env import git_commit
+
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
@@ -58,14 +60,13 @@ def main() -> None:
         proc = subprocess.CompletedProcess(cmd, -9, "", err + f"\n(stopped at LIMIT={limit:.0f} s)")
     import torch
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {
         "command": " ".join(["vlrl", "train", recipe, *overrides]),
         "returncode": proc.returncode,
         "wall_s": round(time.perf_counter() - t0, 1),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
         "torch": torch.__version__,
-        "commit": commit or None,
+        "commit": git_commit(),  # the .clean copies on the device host: set $VLRL_BENCH_COMMIT
         "steps": split(run),
         "syncs": read_jsonl(run / "weight_sync.jsonl"),
         "stderr_tail": proc.stderr[-2000:] if proc.returncode else "",

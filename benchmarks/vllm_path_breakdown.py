@@ -22,10 +22,10 @@ import argparse
 import asyncio
 import json
 import platform
-import subprocess
 import time
 
 from vlrl.bench.engines import best_of, workload_messages
+from vlrl.bench.env import git_commit
 from vlrl.bench.vllm_paths import SERVER_ARGS, time_raw, time_vlrl
 from vlrl.engines.types import SamplingParams
 from vlrl.messages import VISION_TOKENS
@@ -147,13 +147,12 @@ def main() -> None:
 
     t0 = time.perf_counter()
     stack = vllm_stack(cached_model_dir("qwen2_5_vl", args.size), extra_args=SERVER_ARGS, dtype=args.dtype)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result: dict = {
         "size": args.size,
         "dtype": args.dtype,
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,
-        "commit": commit or None,
+        "commit": git_commit(),  # the .clean copies on the device host: set $VLRL_BENCH_COMMIT
         "host": platform.node(),
         "startup_seconds": round(time.perf_counter() - t0, 1),
         "vllm": stack.engine.client.capabilities().version,
