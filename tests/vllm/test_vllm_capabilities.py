@@ -219,3 +219,20 @@ def test_weight_digest_moves_with_any_value_and_only_then():
     assert not torch.equal(swapped, w)
     others = {tensor_digest(t) for t in (bumped, swapped, w.float(), w[:, :6])}
     assert len(others) == 4 and tensor_digest(w) not in others
+
+
+@pytest.mark.parametrize("caps", [V026, V032], ids=["0.26", "0.32"])
+def test_top_logprobs_are_read_from_either_wire_shape(engine, caps):
+    ids = engine.tokenizer.encode("go up")
+    lps = [-0.5] * len(ids)
+    body = _choice(caps, ids, lps, finish_reason="length")
+    for k, entry in enumerate(body["choices"][0]["logprobs"]["content"]):  # the sampled token first, as vLLM
+        cands = [(ids[k], -0.5), (7, -0.1), (9, -2.0)]
+        if caps.logprob_ids == "token_id":
+            entry["top_logprobs"] = [{"token_id": t, "logprob": lp, "rank": 1} for t, lp in cands]
+        else:
+            entry["top_logprobs"] = [{"token": f"token_id:{t}", "logprob": lp, "bytes": None} for t, lp in cands]
+    gen = engine._generation(body, PROMPT, SamplingParams(logprobs_topk=2), "http://h" + GENERATE, caps)
+    assert gen.top_logprobs == tuple(((7, -0.1), (ids[k], -0.5)) for k in range(len(ids)))
+    with pytest.raises(Exception, match="not 4 top logprobs a token"):
+        engine._generation(body, PROMPT, SamplingParams(logprobs_topk=4), "http://h" + GENERATE, caps)

@@ -135,6 +135,31 @@ def generated_logprobs(content: object, ids: list[int], caps: VllmCapabilities) 
     return [float(e["logprob"]) for e in content]
 
 
+def generated_top_logprobs(
+    content: object, k: int, caps: VllmCapabilities
+) -> tuple[tuple[tuple[int, float], ...], ...] | None:
+    """Per generated token, the ``k`` most likely ``(id, logprob)`` pairs, most likely first, from each entry's
+    ``top_logprobs`` (0.32: ``{"token_id": id, ...}``, the sampled token first; 0.26: ``{"token":
+    "token_id:<id>", ...}``); ``None`` if an entry names no token or has fewer than ``k`` candidates."""
+    if not isinstance(content, list):
+        return None
+    out = []
+    for entry in content:
+        cands = entry.get("top_logprobs") if isinstance(entry, dict) else None
+        if not isinstance(cands, list):
+            return None
+        pairs: dict[int, float] = {}
+        for c in cands:
+            tid = c.get("token_id") if caps.logprob_ids == "token_id" else _token_string_id(c.get("token"))
+            if not isinstance(tid, int) or not isinstance(c.get("logprob"), (int, float)):
+                return None
+            pairs[tid] = float(c["logprob"])
+        if len(pairs) < k:
+            return None
+        out.append(tuple(sorted(pairs.items(), key=lambda t: -t[1])[:k]))
+    return tuple(out)
+
+
 def _token_string_id(token: object) -> int | None:
     if isinstance(token, str) and token.startswith("token_id:") and token[9:].lstrip("-").isdigit():
         return int(token[9:])

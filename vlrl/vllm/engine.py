@@ -18,6 +18,8 @@ the default ``raw_logprobs``, which ignores T (right only at T = 1). Two things 
   temperature), so the reported logprob is normalised over the non-vision vocabulary: it exceeds
   the contract by ``-log(1 - p_vision)``, ``p_vision`` the contract probability of the five vision
   tokens. Tiny random models: ~3e-5 (measured in tests/vllm); trained models put ~0 mass there.
+  ``logprobs_topk`` (``Generation.top_logprobs``) is vLLM's top-k of the same processed logprobs, so it is
+  after the ban too (the contract's is before it: the same ``-log(1 - p_vision)`` apart).
 
 **Weights** (:class:`vlrl.vllm.weight_sync.WeightSync`, owned by the engine): ``update_weights``
 reloads every server from one written checkpoint, ``verify_weights`` proves with a logprob probe that
@@ -43,7 +45,7 @@ from vlrl.engines.types import Engine, Generation, NamedTensors, SamplingParams
 from vlrl.errors import BadInputError, ContextOverflowError
 from vlrl.models.tokenizer import VISION_TOKENS
 from vlrl.render.types import RenderedPrompt
-from vlrl.vllm.capabilities import VllmCapabilities, generated_logprobs
+from vlrl.vllm.capabilities import VllmCapabilities, generated_logprobs, generated_top_logprobs
 from vlrl.vllm.client import GENERATE, ClientConfig, VllmClient, require
 from vlrl.vllm.image_cache import ServerImages
 from vlrl.vllm.limits import model_limits
@@ -195,7 +197,7 @@ class VllmEngine:
             "stop_token_ids": list(params.stop_token_ids),
             "ignore_eos": params.ignore_eos,
             "include_stop_str_in_output": True,
-            "logprobs": 0,
+            "logprobs": params.logprobs_topk,  # 0: the sampled token's alone
             "detokenize": bool(params.stop),
             "skip_special_tokens": True,
             "bad_words": list(VISION_TOKENS),
@@ -222,6 +224,12 @@ class VllmEngine:
                 f"{target} answered garbage: logprobs do not match the {len(ids)} generated tokens "
                 f"(vLLM {caps.version}, entries named by {caps.logprob_ids})"
             )
+        top: tuple = ()
+        if params.logprobs_topk:
+            content = (c.get("logprobs") or {}).get("content")
+            top = generated_top_logprobs(content, params.logprobs_topk, caps) or ()
+            if len(top) != len(ids):
+                raise VllmServerError(f"{target} answered garbage: not {params.logprobs_topk} top logprobs a token")
         reason = c.get("finish_reason")
         if reason not in ("stop", "length"):
             raise VllmServerError(f"{target}: generation ended with finish_reason {reason!r} (aborted by the server?)")
@@ -233,6 +241,7 @@ class VllmEngine:
             stop_reason = ids[-1]  # eos, reported like the embedded engine
         if isinstance(stop_reason, str) and not params.include_stop_str_in_output:
             ids, lps = self._cut_before_stop(ids, lps, stop_reason)
+            top = top[: len(ids)]
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         meta = {"server": target.rsplit(GENERATE, 1)[0]}
         if params.temperature > 0 and (params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0):
@@ -246,6 +255,7 @@ class VllmEngine:
             weight_version=self._version(c),
             prompt_len=len(prompt.token_ids),
             meta=meta,
+            top_logprobs=top,
         )
 
     def _stop_reason(self, ids: list[int], params: SamplingParams) -> str | None:
