@@ -18,7 +18,7 @@ ARCH = "qwen2_5_vl"
 MESSAGES = conversations()["several_images"][0]
 
 
-def test_images_go_once_then_by_hash_and_a_forgetful_server_gets_them_again(vllm_stack, monkeypatch):
+def test_images_go_once_then_by_hash_and_vlrls_own_resets_send_them_whole(vllm_stack, monkeypatch):
     stack = vllm_stack(ARCH)
     engine, client = stack.engine, stack.engine.client
     engine.clear_caches()  # a fresh start for the server's caches and the engine's belief
