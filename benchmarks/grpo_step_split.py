@@ -13,14 +13,13 @@ The 2b model on vLLM, one GPU:
 
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from vlrl.bench.env import git_commit
+from vlrl.bench.env import device_name, git_commit, versions
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -64,19 +63,13 @@ def main() -> None:
         "command": " ".join(["vlrl", "train", recipe, *overrides]),
         "returncode": proc.returncode,
         "wall_s": round(time.perf_counter() - t0, 1),
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
-        "torch": torch.__version__,
+        "device": device_name("cuda" if torch.cuda.is_available() else "cpu"),
+        "versions": versions(),
         "commit": git_commit(),  # the .clean copies on the device host: set $VLRL_BENCH_COMMIT
         "steps": split(run),
         "syncs": read_jsonl(run / "weight_sync.jsonl"),
         "stderr_tail": proc.stderr[-2000:] if proc.returncode else "",
     }
-    try:
-        from importlib.metadata import version
-
-        result["vllm"] = version("vllm")
-    except Exception:  # noqa: BLE001 — vLLM is optional: the embedded engine's split has none
-        result["vllm"] = None
     Path(out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result["steps"]), proc.stderr[-800:] if proc.returncode else "")
 

@@ -23,11 +23,10 @@ the bench's (``vlrl.bench.vllm_paths.vllm_section``'s arguments); JSON to OUT, a
 import argparse
 import asyncio
 import json
-import platform
 import time
 
 from vlrl.bench.engines import best_of, workload_messages
-from vlrl.bench.env import git_commit
+from vlrl.bench.env import git_commit, host, versions
 from vlrl.bench.vllm_paths import SERVER_ARGS, fresh_batches, time_raw, time_vlrl, timed
 from vlrl.engines.types import SamplingParams
 from vlrl.messages import VISION_TOKENS
@@ -117,7 +116,8 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,
         "commit": git_commit(),  # the .clean copies on the device host: set $VLRL_BENCH_COMMIT
-        "host": platform.node(),
+        "host": host(),
+        "versions": versions(),
         "startup_seconds": round(time.perf_counter() - t0, 1),
         "vllm": stack.engine.client.capabilities().version,
         "by_size": {},
@@ -142,8 +142,6 @@ def main() -> None:
                 json.dump(result, f, indent=1)
     finally:
         stack.close()
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from vlrl.bench.engines import workload_messages
+from vlrl.bench.engines import best_of, workload_messages
 
 
 def unavailable_reason(device: str) -> str | None:
@@ -46,14 +46,10 @@ def fresh_batches(n: int, count: int) -> list[list[list[dict]]]:
 
 
 def timed(run: Callable[[list[list[dict]]], int], batches: Sequence[list[list[dict]]]) -> dict:
-    """``run(batches[0])`` as the warm-up, then each later batch timed once; the fastest kept."""
+    """``run(batches[0])`` as the warm-up, then each later batch timed once (``best_of``: the fastest kept)."""
     run(batches[0])
-    best, tokens = float("inf"), 0
-    for batch in batches[1:]:
-        t0 = time.perf_counter()
-        tokens = run(batch)
-        best = min(best, time.perf_counter() - t0)
-    return {"seconds": round(best, 4), "tokens": tokens, "tok_per_s": round(tokens / best, 2)}
+    timed_batches = iter(batches[1:])
+    return best_of(lambda: run(next(timed_batches)), len(batches) - 1, "cpu")
 
 
 def time_raw(stack, batches: Sequence[list[list[dict]]], max_tokens: int) -> dict:

@@ -148,34 +148,35 @@ class VllmEngine:
         dead server is skipped from then on. With one server (or all dead) the error is raised."""
         body = self.request_body(prompt, params)
         caps = await self.client.acapabilities()
+        url, data, failed = await self._post_generate(body, route_key, caps)
+        gen = self._generation(data, prompt, params, url + GENERATE, caps)
+        if failed:
+            gen.meta["failed_over_from"] = failed
+        return gen
+
+    async def _post_generate(self, body: dict, route_key: Any, caps: VllmCapabilities) -> tuple[str, dict, list[str]]:
+        """POST the request, each image's tensors left out where the chosen server already holds them
+        (``vlrl.vllm.image_cache``). If the server lost one: on 0.32 (any refusal of a request that could have
+        left one out) everything is forgotten and the whole request sent once more; on 0.26, whose engine dies
+        on the miss and answers ``finish_reason: "error"``, one error says so."""
+        slim = self.images.slim
         referenced = self.images.may_reference(body)
-        url, data, failed = await self._post_generate(body, route_key)
+        try:
+            url, data, failed = await self.client.post_any(
+                GENERATE, body, what="generate", route_key=route_key, body_for=lambda u: slim(u, body)
+            )
+        except (VllmServerError, BadInputError) as exc:
+            if getattr(exc, "unreachable", False) or not referenced:
+                raise
+            self.images.forget()
+            self.images.misses += 1
+            url, data, failed = await self.client.post_any(GENERATE, body, what="generate", route_key=route_key)
         if referenced and not caps.cache_miss_recoverable and _finish_reason(data) == "error":
             raise VllmServerError(
                 f"{url}{GENERATE}: vLLM {caps.version} lost an image this request named by hash (its multimodal "
                 "cache was reset or evicted by someone other than vlrl) and its engine stops on that miss; "
                 "restart the server, and leave its cache to vlrl"
             )
-        gen = self._generation(data, prompt, params, url + GENERATE, caps)
-        if failed:
-            gen.meta["failed_over_from"] = failed
-        return gen
-
-    async def _post_generate(self, body: dict, route_key: Any) -> tuple[str, dict, list[str]]:
-        """POST the request, each image's tensors left out where the chosen server already holds them
-        (``vlrl.vllm.image_cache``); if the server lost one (any refusal of a request that could have left
-        one out), everything is forgotten and the whole request sent once more."""
-        slim = self.images.slim
-        try:
-            url, data, failed = await self.client.post_any(
-                GENERATE, body, what="generate", route_key=route_key, body_for=lambda u: slim(u, body)
-            )
-        except (VllmServerError, BadInputError) as exc:
-            if getattr(exc, "unreachable", False) or not self.images.may_reference(body):
-                raise
-            self.images.forget()
-            self.images.misses += 1
-            url, data, failed = await self.client.post_any(GENERATE, body, what="generate", route_key=route_key)
         self.images.record(url, body)
         return url, data, failed
 
@@ -335,12 +336,13 @@ class VllmEngine:
         self.client.close()
 
 
-if TYPE_CHECKING:  # mypy proves here that the class implements the contract
-    _engine: type[Engine] = VllmEngine
-
-
 def _finish_reason(data: dict) -> object:
+    """The first choice's ``finish_reason`` of a generate answer (``None`` if it has none)."""
     choices = data.get("choices") if isinstance(data, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return None
     return choices[0].get("finish_reason")
+
+
+if TYPE_CHECKING:  # mypy proves here that the class implements the contract
+    _engine: type[Engine] = VllmEngine
