@@ -266,6 +266,9 @@ def launch(args, mode: str, nproc: int, tmp: Path) -> list[dict]:
         *(["--profile"] if args.profile else []),
         *([f"--group-fraction={args.group_fraction}"] if args.group_fraction is not None else []),
     ]
+    from vlrl.models.build import cached_model_dir
+
+    cached_model_dir(args.arch, args.size)  # built once, here: not by every rank at once on a fresh cache
     if mode == "fsdp":
         argv = [
             sys.executable,

@@ -126,11 +126,18 @@ def cached_model_dir(arch: str, size: str = "tiny", seed: int = 0, cache_root: s
     root = Path(cache_root) if cache_root else default_cache_root()
     path = root / "models" / f"{arch}-{size}-seed{seed}"
     if not (path / MANIFEST).exists():
+        import shutil
+
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
         write_checkpoint(tmp, arch, size, seed)
-        if path.exists():
-            import shutil
-
-            shutil.rmtree(path)
-        tmp.rename(path)
+        # Several processes may build at once (the ranks of a torchrun on a fresh cache): the first rename
+        # wins and the others drop their copy, never deleting a built directory that another one may be loading.
+        if not (path / MANIFEST).exists() and path.exists():
+            shutil.rmtree(path, ignore_errors=True)  # an interrupted build from before manifests came last
+        try:
+            tmp.rename(path)
+        except OSError:
+            if not (path / MANIFEST).exists():
+                raise
+            shutil.rmtree(tmp)
     return path
