@@ -346,18 +346,24 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory() as tmp:
         result["fsdp"] = summary(launch(args, "fsdp", args.nproc, _fresh(tmp, "fsdp")))
+        write(result, args.out)  # after each part: a run stopped by its clock keeps what it measured
         if args.plain:
             result["plain"] = summary(launch(args, "plain", 1, _fresh(tmp, "plain")))
             result["fsdp_over_plain_step_time"] = (
                 (result["fsdp"]["step_s_median"] / result["plain"]["step_s_median"]) if args.nproc == 1 else None
             )
+            write(result, args.out)
         if args.compare_one_rank:
             result.update(compare_one_rank(args, result["fsdp"], tmp))
+    print(write(result, args.out))
+
+
+def write(result: dict, out: str | None) -> str:
     text = json.dumps(result, indent=2)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
-    print(text)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text + "\n")
+    return text
 
 
 if __name__ == "__main__":

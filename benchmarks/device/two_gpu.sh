@@ -11,7 +11,7 @@ export NCCL_NVLS_ENABLE=0  # NVLink multicast off (KINDS.md)
 PART=${PART:-bench}
 start=$SECONDS
 if [ "$PART" = bench ]; then
-  timeout 330 python3 benchmarks/fsdp_throughput.py --nproc 2 --size 2b --device cuda --dtype bfloat16 \
+  timeout ${BENCH_LIMIT:-360} python3 benchmarks/fsdp_throughput.py --nproc 2 --size 2b --device cuda --dtype bfloat16 \
     --rows ${ROWS:-8} --turns ${TURNS:-8} --steps ${STEPS:-5} --compare-one-rank --out $OUT/fsdp_throughput_n2.json \
     > $OUT/fsdp_throughput_n2.log 2>&1
   python3 - "$OUT/fsdp_throughput_n2.json" <<'PY'
@@ -25,7 +25,7 @@ print("speed-up vs one rank:", r["speedup_vs_one_rank"], "(bar 1.8)")
 print("first 3 losses, 2 ranks vs 1 rank on the same data:", r["losses_n_ranks"][:3], r["losses_one_rank_same_data"][:3],
       "max |diff|", r["loss_max_abs_diff_first3"], "(bar 1e-3)")
 PY
-  timeout 200 python3 -m pytest -p pytest_vlrl.plugin -o addopts="-p no:cacheprovider" -m gpu -rA \
+  timeout ${TEST_LIMIT:-190} python3 -m pytest -p pytest_vlrl.plugin -o addopts="-p no:cacheprovider" -m gpu -rA \
     tests/gpu/test_fsdp_two_gpus.py --junitxml=$OUT/two_gpu_tests.xml 2>&1 | tee $OUT/two_gpu_tests.log | tail -8
 else
   VLRL_FSDP_NPROC=2 timeout 560 python3 -m pytest -p pytest_vlrl.plugin -o addopts="-p no:cacheprovider" -m gpu -rA -s \
