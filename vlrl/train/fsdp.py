@@ -162,10 +162,15 @@ def full_weights(model: torch.nn.Module, d: Dist, dtype: torch.dtype) -> dict[st
     what the engine must serve. A plain model gives its own parameters (no copy when already in ``dtype``).
 
     Collective under FSDP with more than one rank (every rank must call it): one group at a time is
-    all-gathered (``unshard``: one collective per group, not one per parameter), copied to rank 0's CPU and
-    resharded, so no rank ever holds more than one group whole beside its shards. On one rank a shard *is*
-    the whole parameter: it is cast to ``dtype`` directly — FSDP's all-gather would copy it twice to reach
-    the same values (measured on the H100, 2b model: 0.068 s that way, see benchmarks/results/fsdp_h100).
+    all-gathered (``unshard``: one collective per group, not one per parameter), copied on rank 0's device and
+    resharded, so no rank but rank 0 ever holds more than one group whole beside its shards; rank 0 ends with the
+    full weights on its device, as on one rank and as the engine wants them (the embedded engine and vLLM's CUDA
+    IPC route read device tensors). A copy to the CPU here instead cost the 2b model 2.87 s a step on two H200s
+    (pageable copies, one per parameter) against 0.04 s on one rank (benchmarks/results/fsdp_h200x2).
+
+    On one rank a shard *is* the whole parameter: it is cast to ``dtype`` directly — FSDP's all-gather would copy
+    it twice to reach the same values (measured on the H100, 2b model: 0.068 s that way, see
+    benchmarks/results/fsdp_h100).
     """
     names = [n for n, _ in model.named_parameters()]  # a tied weight once, as the engine's update expects
     params = dict(model.named_parameters())
@@ -192,7 +197,7 @@ def full_weights(model: torch.nn.Module, d: Dist, dtype: torch.dtype) -> dict[st
             if isinstance(whole, DTensor):
                 raise RuntimeError(f"full_weights: {name} is not in FSDP group {prefix!r}")
             if d.is_main:  # a copy: reshard frees the gathered storage
-                found[name] = whole.detach().to("cpu", dtype=dtype, copy=True)
+                found[name] = whole.detach().to(dtype=dtype, copy=True)
         for p in with_it:
             owned[p] = []
         group.reshard()
