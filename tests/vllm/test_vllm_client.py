@@ -73,3 +73,56 @@ def test_round_robin_and_sticky_routing():
     assert [client.pick() for _ in range(6)] == ["http://a", "http://b", "http://c"] * 2
     assert len({client.pick(("traj", 7)) for _ in range(5)}) == 1
     assert len({client.pick(k) for k in range(30)}) == 3
+
+
+class _CountingHandler(http.server.BaseHTTPRequestHandler):
+    """Answers after 50 ms and records the most requests it held at once, per (server port, path)."""
+
+    lock = threading.Lock()
+    now: dict[tuple[int, str], int] = {}
+    most: dict[tuple[int, str], int] = {}
+
+    def do_POST(self):  # the name BaseHTTPRequestHandler dispatches to
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        key = (self.server.server_address[1], self.path)
+        with self.lock:
+            self.now[key] = self.now.get(key, 0) + 1
+            self.most[key] = max(self.most.get(key, 0), self.now[key])
+        time.sleep(0.05)
+        with self.lock:
+            self.now[key] -= 1
+        body = b'{"ok": 1}'
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_in_flight_limit_per_server_and_route():
+    """Renders are held to ``renders_in_flight`` per server (the API process renders one at a time, and a
+    generate queued behind every render of a batch waits for the last); other routes are not held back."""
+    import asyncio
+
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CountingHandler) for _ in range(2)]
+    for s in servers:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    urls = [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
+    client = VllmClient(urls, ClientConfig(renders_in_flight=3))
+
+    async def burst() -> None:
+        limit = client.config.renders_in_flight
+        await asyncio.gather(  # round-robin: half of each route to each server
+            *(client.post_any("/render", {}, what="t", in_flight=limit) for _ in range(24)),
+            *(client.post_any("/generate", {}, what="t") for _ in range(12)),
+        )
+
+    client.run(burst())
+    ports = [s.server_address[1] for s in servers]
+    assert [_CountingHandler.most[(p, "/render")] for p in ports] == [3, 3]  # 12 renders each, 3 at a time
+    assert min(_CountingHandler.most[(p, "/generate")] for p in ports) >= 4  # 6 each, not held back
+    client.close()
+    for s in servers:
+        s.shutdown()

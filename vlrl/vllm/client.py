@@ -17,6 +17,7 @@ can batch. Failures become :class:`VllmServerError` naming the URL and what went
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import threading
@@ -45,7 +46,15 @@ class ClientConfig:
     retries: int = 3
     backoff_s: float = 0.25
     """First retry after backoff_s, then 2x, 4x, ..."""
-    max_connections: int = 64
+    max_connections: int = 512
+    """Requests in flight across all servers (a connection each): a rollout of 256 episodes generates at once
+    (at 64, the cap before, a server never batched more than 64 sequences)."""
+    renders_in_flight: int | None = 8
+    """Render requests in flight per server (None: no limit). A server's API process renders (processes images)
+    one request at a time, ahead of every generate queued behind; with all of a batch's renders sent at once the
+    engine waited for the last render before its first generate (measured on an H100: render 1.5 s and generate
+    3.2 s added up for 64 requests). A few renders in flight keep the API process busy and let each generate in
+    as its render ends, so rendering overlaps decoding, as vLLM's own image processing does."""
 
 
 class VllmClient:
@@ -66,6 +75,7 @@ class VllmClient:
         self._lock = threading.Lock()
         self._caps: VllmCapabilities | None = None
         self._caps_lock: asyncio.Lock | None = None
+        self._gates: dict[tuple[str, str, int], asyncio.Semaphore] = {}
 
     # ------------------------------------------------------------------ routing
 
@@ -206,18 +216,22 @@ class VllmClient:
         what: str,
         route_key: Any = None,
         body_for: Callable[[str], dict] | None = None,
+        in_flight: int | None = None,
     ) -> tuple[str, dict, list[str]]:
         """POST to a live server (:meth:`pick`); a server unreachable after the retries is marked dead and
         the request re-sent to the next live one. Returns ``(url, answer, urls that failed)``; raises when
         every server is unreachable (or at once with one server). For idempotent requests only (render,
         seeded token-in/token-out generate: every server holds the same weights). ``body_for(url)``: the body
-        to send to that server (default ``body``)."""
+        to send to that server (default ``body``). ``in_flight``: at most that many of this route's requests
+        in flight per server (the rest wait here, in order)."""
         failed: list[str] = []
         while True:
             url = self.pick(route_key)
             try:
                 sent = body if body_for is None else body_for(url)
-                return url, await self.post(url, path, sent, what=what), failed
+                async with self._gate(url, path, in_flight):
+                    answer = await self.post(url, path, sent, what=what)
+                return url, answer, failed
             except VllmServerError as exc:
                 if not exc.unreachable or len(self.urls) == 1:
                     raise
@@ -227,6 +241,15 @@ class VllmClient:
                     err = VllmServerError(f"{what}: every server is unreachable ({', '.join(self.urls)}); last: {exc}")
                     err.unreachable = True
                     raise err from exc
+
+    def _gate(self, url: str, path: str, limit: int | None):
+        """A semaphore per (server, route, limit), made on the client's loop; no limit: a null context."""
+        if limit is None:
+            return contextlib.nullcontext()
+        key = (url, path, limit)
+        if key not in self._gates:
+            self._gates[key] = asyncio.Semaphore(limit)
+        return self._gates[key]
 
     @staticmethod
     def _decode(resp, target: str, what: str) -> dict:

@@ -118,7 +118,9 @@ class VllmRenderer:
             body["tools"] = list(tools)
             body["tool_choice"] = "none"  # render only: no tool parser needed server-side
         caps = await self.client.acapabilities()
-        url, data, _ = await self.client.post_any(RENDER, body, what="render", route_key=route_key)
+        url, data, _ = await self.client.post_any(
+            RENDER, body, what="render", route_key=route_key, in_flight=self.client.config.renders_in_flight
+        )
         return self._decode(data, prepared, f"{url}{RENDER}", caps)
 
     def _decode(self, data: dict, prepared: PreparedMessages, target: str, caps: VllmCapabilities) -> RenderedPrompt:
