@@ -51,10 +51,11 @@ class ClientConfig:
     (at 64, the cap before, a server never batched more than 64 sequences)."""
     renders_in_flight: int | None = 8
     """Render requests in flight per server (None: no limit). A server's API process renders (processes images)
-    one request at a time, ahead of every generate queued behind; with all of a batch's renders sent at once the
-    engine waited for the last render before its first generate (measured on an H100: render 1.5 s and generate
-    3.2 s added up for 64 requests). A few renders in flight keep the API process busy and let each generate in
-    as its render ends, so rendering overlaps decoding, as vLLM's own image processing does."""
+    one request at a time, ahead of every generate queued behind, so with a whole batch's renders sent at once the
+    first generate waits for the last render; a few in flight keep the API process busy and let each generate in
+    as its render ends. Measured on an H100 (2b bf16, 64 fresh requests, one timing each): vlrl's path at 0.60× raw
+    with 8, 0.64× with no limit, 0.69× with 4, 0.67× with 16 — the order is not where its time goes
+    (benchmarks/results/vllm_gpu_h100/NOTE.md, run 13)."""
 
 
 class VllmClient:
