@@ -85,16 +85,12 @@ def time_render(stack, batches) -> dict:
 
 def time_render_http(stack, batches) -> dict:
     """The render route's round trips alone: the bodies vlrl sends, posted concurrently, answers not decoded."""
-    from vlrl.messages import prepare_messages
     from vlrl.vllm.client import RENDER
 
     client = stack.engine.client
 
     async def all_of(batch) -> int:
-        bodies = [
-            {"model": stack.renderer.model, "messages": prepare_messages(m).messages, "add_generation_prompt": True}
-            for m in batch
-        ]
+        bodies = [stack.renderer.request_body(m) for m in batch]
         return len(await asyncio.gather(*(client.post(stack.url, RENDER, b, what="render") for b in bodies)))
 
     out = timed(lambda b: client.run(all_of(b)), batches)

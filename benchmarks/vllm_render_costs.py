@@ -33,7 +33,7 @@ from vlrl.vllm.client import GENERATE, RENDER
 from vlrl.vllm.renderer import decode_pixels
 
 
-def timed(fn) -> float:
+def seconds(fn) -> float:
     t = time.perf_counter()
     fn()
     return round(time.perf_counter() - t, 4)
@@ -42,24 +42,24 @@ def timed(fn) -> float:
 def client_costs(stack, n: int) -> dict:
     c, caps = stack.engine.client, stack.engine.client.capabilities()
     msgs = workload_messages(n)
-    out: dict = {"requests": n, "prepare_messages_s": timed(lambda: [prepare_messages(m) for m in msgs])}
-    bodies = [{"model": "vlrl", "messages": prepare_messages(m).messages, "add_generation_prompt": True} for m in msgs]
+    out: dict = {"requests": n, "prepare_messages_s": seconds(lambda: [prepare_messages(m) for m in msgs])}
+    bodies = [stack.renderer.request_body(m) for m in msgs]
     answers = [json.dumps(c.run(c.post(stack.url, RENDER, b, what="render"))) for b in bodies]
     decoded = [json.loads(a) for a in answers]
     decode_pixels(decoded[0]["features"]["kwargs_data"]["image"], caps)  # the first call imports vLLM's serde
     out["render_answer_kb"] = round(sum(map(len, answers)) / n / 1e3)
-    out["render_answer_json_loads_s"] = timed(lambda: [json.loads(a) for a in answers])
+    out["render_answer_json_loads_s"] = seconds(lambda: [json.loads(a) for a in answers])
     items = [d["features"]["kwargs_data"]["image"] for d in decoded]
-    out["decode_pixels_s"] = timed(lambda: [decode_pixels(i, caps) for i in items])
+    out["decode_pixels_s"] = seconds(lambda: [decode_pixels(i, caps) for i in items])
     prompts = [stack.renderer.render(m) for m in msgs]
     sp = [SamplingParams(max_tokens=64, seed=i) for i in range(n)]
     gen = [stack.engine.request_body(p, s) for p, s in zip(prompts, sp)]
     out["generate_body_kb"] = round(sum(len(json.dumps(g)) for g in gen) / n / 1e3)
-    out["generate_body_build_s"] = timed(lambda: [stack.engine.request_body(p, s) for p, s in zip(prompts, sp)])
-    out["generate_body_json_dumps_s"] = timed(lambda: [json.dumps(g) for g in gen])
+    out["generate_body_build_s"] = seconds(lambda: [stack.engine.request_body(p, s) for p, s in zip(prompts, sp)])
+    out["generate_body_json_dumps_s"] = seconds(lambda: [json.dumps(g) for g in gen])
     import httpx
 
-    out["generate_body_httpx_json_s"] = timed(lambda: [httpx.Request("POST", stack.url, json=g) for g in gen])
+    out["generate_body_httpx_json_s"] = seconds(lambda: [httpx.Request("POST", stack.url, json=g) for g in gen])
     return out
 
 
@@ -78,17 +78,16 @@ def multiturn(stack, turns: int) -> dict:
     for k in range(1, turns + 1):
         msgs = conversation(k)
         stack.renderer.render(msgs)  # the newest image processed once, as a rollout's previous turn did
-        out[str(k)] = timed(lambda m=msgs: stack.renderer.render(m))
+        out[str(k)] = seconds(lambda m=msgs: stack.renderer.render(m))
     return {"rerender_s_by_images": out}
 
 
 def uuid_reuse(stack, k: int = 8) -> dict:
     c = stack.engine.client
-    prep = prepare_messages(conversation(k, seed=1)).messages
-    parts = [p for m in prep if m["role"] == "user" for p in m["content"] if p.get("type") == "image_url"]
+    body = stack.renderer.request_body(conversation(k, seed=1))
+    parts = [p for m in body["messages"] if m["role"] == "user" for p in m["content"] if p.get("type") == "image_url"]
     for i, p in enumerate(parts):
         p["uuid"] = f"vlrl-probe-{i}"
-    body = {"model": "vlrl", "messages": prep, "add_generation_prompt": True}
     runs, answer = [], {}
     for _ in range(3):
         t = time.perf_counter()
@@ -133,7 +132,9 @@ def main() -> None:
     args = ap.parse_args()
     from vlrl.vllm.stack import vllm_stack
 
-    stack = vllm_stack(cached_model_dir("qwen2_5_vl", args.size), dtype=args.dtype, max_images_per_prompt=args.turns)
+    stack = vllm_stack(
+        cached_model_dir("qwen2_5_vl", args.size), dtype=args.dtype, max_images_per_prompt=max(args.turns, 8)
+    )
     result: dict = {"size": args.size, "dtype": args.dtype, "commit": git_commit(), "host": host()}
     result["versions"] = versions()
     try:

@@ -30,3 +30,27 @@ def test_concurrent_builds_leave_one_whole_checkpoint(tmp_path: Path):
     listings = [out.get(timeout=5) for _ in procs]
     assert all(names == listings[0] for names in listings) and "model.safetensors" in listings[0]
     assert [p.name for p in (tmp_path / "models").iterdir()] == ["qwen2_5_vl-tiny-seed7"]  # no temp copy left
+
+
+def test_a_build_that_loses_the_race_leaves_the_winners_checkpoint_in_place(tmp_path: Path, monkeypatch):
+    """The race made certain: another process completes the checkpoint while this one is still writing its own.
+    This one must drop its copy; the directory the other may already be loading stays the same directory."""
+    import shutil
+
+    from vlrl.models import build
+
+    real = build.write_checkpoint
+    final = tmp_path / "models" / "qwen2_5_vl-tiny-seed0"
+    winner: list[int] = []
+
+    def write_then_lose(out, *args, **kwargs):
+        written = real(out, *args, **kwargs)
+        shutil.copytree(written, final)  # the other process's rename lands first
+        winner.append(final.stat().st_ino)
+        return written
+
+    monkeypatch.setattr(build, "write_checkpoint", write_then_lose)
+    path = build.cached_model_dir("qwen2_5_vl", "tiny", cache_root=tmp_path)
+    assert path == final and (final / build.MANIFEST).exists()
+    assert final.stat().st_ino == winner[0]  # not deleted and replaced by this one's copy
+    assert sorted(p.name for p in final.parent.iterdir()) == [final.name]  # this one's copy dropped

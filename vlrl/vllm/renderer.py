@@ -108,6 +108,24 @@ class VllmRenderer:
         # Validated and normalised exactly as the embedded renderer does (every accepted image-part form
         # becomes one canonical data-URI part, decoded once): the server only ever sees canonical parts.
         prepared = prepare_messages(list(messages), limits=self.limits)
+        body = self._body(prepared, add_generation_prompt, tools)
+        caps = await self.client.acapabilities()
+        url, data, _ = await self.client.post_any(
+            RENDER, body, what="render", route_key=route_key, in_flight=self.client.config.renders_in_flight
+        )
+        return self._decode(data, prepared, f"{url}{RENDER}", caps)
+
+    def request_body(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> dict:
+        """The JSON body ``render`` posts for ``messages`` (benchmarks time the route with it)."""
+        return self._body(prepare_messages(list(messages), limits=self.limits), add_generation_prompt, tools)
+
+    def _body(self, prepared: PreparedMessages, add_generation_prompt: bool, tools) -> dict:
         body: dict[str, Any] = {
             "model": self.model,
             "messages": prepared.messages,
@@ -117,11 +135,7 @@ class VllmRenderer:
         if tools:
             body["tools"] = list(tools)
             body["tool_choice"] = "none"  # render only: no tool parser needed server-side
-        caps = await self.client.acapabilities()
-        url, data, _ = await self.client.post_any(
-            RENDER, body, what="render", route_key=route_key, in_flight=self.client.config.renders_in_flight
-        )
-        return self._decode(data, prepared, f"{url}{RENDER}", caps)
+        return body
 
     def _decode(self, data: dict, prepared: PreparedMessages, target: str, caps: VllmCapabilities) -> RenderedPrompt:
         images = prepared.images
