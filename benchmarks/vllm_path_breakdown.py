@@ -8,11 +8,14 @@ question, ``--max-tokens`` new tokens, T = 1, eos ignored, seed i), all requests
   tokens banned through ``bad_words``), every image sent whole;
 - ``generate`` variants, the same bodies with one sampling field changed: ``no_bad_words``, ``no_logprobs``,
   ``neither``, and ``logit_bias`` (the ban as a -100 bias instead of ``bad_words``);
-- ``vlrl``: render then generate per request, concurrently (the path a rollout's first turn takes), at the
-  client's ``renders_in_flight`` per server; ``--slots 0,4,16`` times it again at each of those (0: no limit) as
-  ``vlrl_slots<k>``.
+- ``vlrl``: render then generate per request, concurrently (the path a rollout's first turn takes), with the
+  stack's default renderer (the embedded one: this process renders on threads, the engine sends the prompt's own
+  tensors, ``vlrl.vllm.items``);
+- ``vlrl_route``: the same with the server's render route (``renderer=vllm``), at the client's
+  ``renders_in_flight`` per server; ``--slots 0,4,16`` times it again at each of those (0: no limit) as
+  ``vlrl_route_slots<k>``.
 
-``raw``, ``render``, ``render_http`` and ``vlrl`` each warm up on a batch of their own and are timed on
+``raw``, ``render``, ``render_http``, ``vlrl`` and ``vlrl_route`` each warm up on a batch of their own and are timed on
 ``--repeats`` fresh batches (best kept): the server never sees an image twice, so its processor cache answers
 nothing (a first version warmed up on the timed images, which let raw skip its image processing). The
 ``generate`` rows repeat the same rendered bodies (every image sent whole; no processor involved). The server is
@@ -77,7 +80,7 @@ def time_render(stack, batches) -> dict:
     """``VllmRenderer.arender`` of a batch's conversations, concurrently (warm-up batch first, fresh images each)."""
 
     async def all_of(batch) -> int:
-        return len(await asyncio.gather(*(stack.renderer.arender(m) for m in batch)))
+        return len(await asyncio.gather(*(stack.server_renderer.arender(m) for m in batch)))
 
     out = timed(lambda b: asyncio.run(all_of(b)), batches)  # "tokens" counts requests here
     return {"seconds": out["seconds"], "requests": out["tokens"]}
@@ -90,7 +93,7 @@ def time_render_http(stack, batches) -> dict:
     client = stack.engine.client
 
     async def all_of(batch) -> int:
-        bodies = [stack.renderer.request_body(m) for m in batch]
+        bodies = [stack.server_renderer.request_body(m) for m in batch]
         return len(await asyncio.gather(*(client.post(stack.url, RENDER, b, what="render") for b in bodies)))
 
     out = timed(lambda b: client.run(all_of(b)), batches)
@@ -111,7 +114,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--slots", default="", help="renders in flight per server to time vlrl at, e.g. 0,4,16 (0: none)")
-    ap.add_argument("--paths-only", action="store_true", help="raw and vlrl only: no render or generate rows")
+    ap.add_argument("--paths-only", action="store_true", help="raw, vlrl, vlrl_route only: no render or generate rows")
     args = ap.parse_intermixed_args()
     slots = [int(k) for k in args.slots.split(",") if k]
     from vlrl.vllm.stack import vllm_stack
@@ -129,28 +132,33 @@ def main() -> None:
         "startup_seconds": round(time.perf_counter() - t0, 1),
         "vllm": stack.engine.client.capabilities().version,
         "renders_in_flight": stack.engine.client.config.renders_in_flight,
+        "render_agreement": dataclasses.asdict(stack.render_agreement) if stack.render_agreement else None,
         "by_size": {},
     }
     client, config = stack.engine.client, stack.engine.client.config
     try:
         stack.renderer.render(workload_messages(1)[0])
+        stack.server_renderer.render(workload_messages(1)[0])  # the server's processor loaded: not timed
         for n in args.sizes:
             per = 1 + args.repeats
-            paths = 2 if args.paths_only else 4  # raw, vlrl (and render, render_http): fresh images each
+            paths = 3 if args.paths_only else 5  # raw, vlrl, vlrl_route (and render, render_http): fresh images each
             fresh = iter(fresh_batches(n, (paths + len(slots)) * per))
             row: dict = {"raw": time_raw(stack, take(fresh, per), args.max_tokens)}
             if not args.paths_only:
                 row["render"] = time_render(stack, take(fresh, per))
                 row["render_http"] = time_render_http(stack, take(fresh, per))
-                prompts = [stack.renderer.render(m) for m in workload_messages(n)]
+                prompts = [stack.server_renderer.render(m) for m in workload_messages(n)]
                 for name, edit in variants(stack.engine).items():
                     row[name] = time_generate(stack, prompts, edit, args.max_tokens, args.repeats)
             row["vlrl"] = time_vlrl(stack, take(fresh, per), args.max_tokens)
             row["vlrl_over_raw"] = round(row["vlrl"]["tok_per_s"] / row["raw"]["tok_per_s"], 3)
+            row["vlrl_route"] = time_vlrl(stack, take(fresh, per), args.max_tokens, stack.server_renderer)
+            row["vlrl_route_over_raw"] = round(row["vlrl_route"]["tok_per_s"] / row["raw"]["tok_per_s"], 3)
             for k in slots:
                 client.config = dataclasses.replace(config, renders_in_flight=k or None)
-                timing = time_vlrl(stack, take(fresh, per), args.max_tokens)
-                row[f"vlrl_slots{k}"] = {**timing, "over_raw": round(timing["tok_per_s"] / row["raw"]["tok_per_s"], 3)}
+                timing = time_vlrl(stack, take(fresh, per), args.max_tokens, stack.server_renderer)
+                over = round(timing["tok_per_s"] / row["raw"]["tok_per_s"], 3)
+                row[f"vlrl_route_slots{k}"] = {**timing, "over_raw": over}
             client.config = config
             result["by_size"][str(n)] = row
             print(n, json.dumps(row), flush=True)

@@ -81,7 +81,7 @@ def test_live_server_guards_every_route_and_the_client_sends_the_key(vllm_stack)
             }
             assert set(refused.values()) == {401}, refused
         assert http.get("/is_paused", headers={"Authorization": f"Bearer {key}"}).status_code == 200
-    stack.renderer.render([{"role": "user", "content": "hi"}])  # the stack's client holds the key
+    stack.server_renderer.render([{"role": "user", "content": "hi"}])  # the stack's client holds the key
     stranger = VllmClient(stack.url, api_key="wrong")
     with pytest.raises(VllmServerError, match="VLRL_VLLM_API_KEY"):
         stranger.run(stranger.post(stack.url, "/collective_rpc", {"method": "vlrl_packed_error"}, what="rpc"))

@@ -85,4 +85,4 @@ def test_servers_killed_mid_rollout(vllm_stack, tiny):
         assert last.url in t.error and first.url in t.error
         assert len(t.turns) == 1 and sum(t.loss_mask) > 0 and len(t.logprobs) == len(t.response_ids)
     with pytest.raises(Exception, match="unreachable"):
-        stack.renderer.render([{"role": "user", "content": "hi"}])
+        stack.server_renderer.render([{"role": "user", "content": "hi"}])

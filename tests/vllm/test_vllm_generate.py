@@ -106,5 +106,6 @@ def test_seeds_async_and_refusals(vllm_stack):
     )
     with pytest.raises(BadInputError, match="does not cover"):
         engine.generate([bad], SamplingParams(max_tokens=2))
-    with pytest.raises(BadInputError, match="VllmRenderer"):
-        engine.generate([dataclasses.replace(prompt, engine_features=())], SamplingParams(max_tokens=2))
+    routed = vllm_stack("qwen2_5_vl").server_renderer.render(MESSAGES)
+    with pytest.raises(BadInputError, match="2 images but 4 vLLM image payloads"):
+        engine.generate([dataclasses.replace(routed, engine_features=routed.engine_features * 2)], SamplingParams())

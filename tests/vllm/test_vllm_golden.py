@@ -21,5 +21,5 @@ def test_goldens_through_vllm(vllm_stack, arch):
     assert {"maze2d_multi_turn", "geometry_tool_calls"} <= set(SCENARIOS)
     for name in sorted(SCENARIOS):
         want = golden_path(ROOT, arch, name).read_text(encoding="utf-8")
-        got = render_scenario(arch, name, stack.renderer, stack.engine.max_context)
+        got = render_scenario(arch, name, stack.server_renderer, stack.engine.max_context)
         assert got == want, f"{arch}/{name}.golden through vLLM:\n{golden_diff(want, got)}"

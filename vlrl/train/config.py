@@ -126,6 +126,11 @@ class RolloutSection:
     """multi_turn (one sequence per episode) or step (one per turn)."""
     engine: Literal["embedded", "vllm"] = "embedded"
     """Inference engine: embedded (in process) or vllm (a vLLM server started for the run)."""
+    renderer: Literal["embedded", "vllm"] = "embedded"
+    """Where conversations become ids and vision tensors with engine=vllm: embedded (the checkpoint's processor
+    in this process; vLLM generates from those tensors, checked against the server's renderer at start) or vllm
+    (the server's render route; each image's tensors cross the wire twice). The embedded engine always renders
+    embedded."""
     eval_temperature: float = 0.0
     """Sampling temperature of evaluation (0 = greedy)."""
     logprobs_topk: int = 0

@@ -130,6 +130,7 @@ class Run:
                 max_images_per_prompt=episode_images(c.data.env, c.data.extras, c.rollout.max_turns),
                 max_model_len=int(model.config.text_config.max_position_embeddings),
                 dtype=c.model.dtype,  # the run's dtype: bf16 runs are served in bf16
+                renderer=c.rollout.renderer,
             )
             return stack.renderer, stack.engine, stack.close
         raise ValueError(f"rollout.engine must be 'embedded' or 'vllm', got {self.cfg.rollout.engine!r}")

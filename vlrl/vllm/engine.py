@@ -39,6 +39,7 @@ entries name their token as ``token_id`` (0.32) or ``"token_id:<id>"`` (0.26).
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -50,8 +51,8 @@ from vlrl.render.types import RenderedPrompt
 from vlrl.vllm.capabilities import VllmCapabilities, generated_logprobs, generated_top_logprobs
 from vlrl.vllm.client import GENERATE, ClientConfig, VllmClient, require
 from vlrl.vllm.image_cache import ServerImages
+from vlrl.vllm.items import ItemCodec, codec_probe, generate_features, wire
 from vlrl.vllm.limits import model_limits
-from vlrl.vllm.renderer import generate_features
 from vlrl.vllm.server import VllmServerError
 from vlrl.vllm.weight_sync import PROBE_TOL, WeightSync
 
@@ -82,6 +83,10 @@ class VllmEngine:
         self.banned_ids = tuple(tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS)
         self.images = ServerImages()
         """The images each server was sent (``vlrl.vllm.image_cache``): later requests reference them by hash."""
+        self.item_codec: ItemCodec | None = None
+        """How this server's vLLM lays out an image item (``vlrl.vllm.items``), read off one render on first need;
+        prompts of the embedded renderer carry pixels, not vLLM items."""
+        self._codec_lock: asyncio.Lock | None = None
         self.weights = WeightSync(self.client, tokenizer, model=model, model_dir=model_dir, images=self.images)
 
     @classmethod
@@ -140,8 +145,9 @@ class VllmEngine:
         lost, after the client's retries) is re-sent to the next live server — token-in/token-out with a
         seed is deterministic and every server holds the same weights, so the answer is the same. The
         dead server is skipped from then on. With one server (or all dead) the error is raised."""
-        body = self.request_body(prompt, params)
         caps = await self.client.acapabilities()
+        codec = await self._codec() if prompt.n_images and not prompt.engine_features else None
+        body = self.request_body(prompt, params, codec)
         url, data, failed = await self._post_generate(body, route_key, caps)
         gen = self._generation(data, prompt, params, url + GENERATE, caps)
         if failed:
@@ -157,14 +163,16 @@ class VllmEngine:
         referenced = self.images.may_reference(body)
         try:
             url, data, failed = await self.client.post_any(
-                GENERATE, body, what="generate", route_key=route_key, body_for=lambda u: slim(u, body)
+                GENERATE, body, what="generate", route_key=route_key, body_for=lambda u: wire(slim(u, body))
             )
         except (VllmServerError, BadInputError) as exc:
             if getattr(exc, "unreachable", False) or not referenced:
                 raise
             self.images.forget()
             self.images.misses += 1
-            url, data, failed = await self.client.post_any(GENERATE, body, what="generate", route_key=route_key)
+            url, data, failed = await self.client.post_any(
+                GENERATE, body, what="generate", route_key=route_key, body_for=lambda u: wire(body)
+            )
         if referenced and not caps.cache_miss_recoverable and _finish_reason(data) == "error":
             raise VllmServerError(
                 f"{url}{GENERATE}: vLLM {caps.version} lost an image this request named by hash (its multimodal "
@@ -174,7 +182,21 @@ class VllmEngine:
         self.images.record(url, body)
         return url, data, failed
 
-    def request_body(self, prompt: RenderedPrompt, params: SamplingParams) -> dict:
+    async def _codec(self) -> ItemCodec:
+        """The server's item layout, from one render of :data:`CODEC_PROBE` (asked once, on the client's loop)."""
+        if self.item_codec is None:
+            self._codec_lock = self._codec_lock or asyncio.Lock()
+            async with self._codec_lock:
+                if self.item_codec is None:
+                    from vlrl.vllm.renderer import VllmRenderer
+
+                    probe = await VllmRenderer(self.client, self.tokenizer, model=self.model)._arender(codec_probe())
+                    self.item_codec = ItemCodec(probe.engine_features[0].kwargs_data)
+        return self.item_codec
+
+    def request_body(self, prompt: RenderedPrompt, params: SamplingParams, codec: ItemCodec | None = None) -> dict:
+        """The generate body; a prompt of the embedded renderer needs ``codec`` (its images are made into vLLM
+        items lazily: :func:`vlrl.vllm.items.wire` serialises those a server does not hold)."""
         n = len(prompt.token_ids)
         if n == 0:
             raise ValueError("empty prompt")
@@ -209,7 +231,7 @@ class VllmEngine:
         return {
             "model": self.model,
             "token_ids": list(prompt.token_ids),
-            "features": generate_features(prompt, self.image_token_id),
+            "features": generate_features(prompt, self.image_token_id, codec or self.item_codec),
             "sampling_params": sp,
             "output_mode": "tokens",
         }

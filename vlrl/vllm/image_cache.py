@@ -88,9 +88,10 @@ class ServerImages:
         self._held.clear()
 
 
-def item_bytes(kwargs_data: str) -> int:
-    """An image item's bytes from its base64 payload (what vLLM's cache counts, to within its msgpack framing)."""
-    return len(kwargs_data) * 3 // 4
+def item_bytes(kwargs_data) -> int:
+    """An image item's bytes from its base64 payload (what vLLM's cache counts, to within its msgpack framing),
+    or a lazy item's own count (``vlrl.vllm.items.PixelItem.nbytes``)."""
+    return len(kwargs_data) * 3 // 4 if isinstance(kwargs_data, str) else int(kwargs_data.nbytes)
 
 
 def slim_features(feats: dict, known: list[bool]) -> dict:

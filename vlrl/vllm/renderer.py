@@ -11,7 +11,7 @@ truth and only decodes it into a :class:`RenderedPrompt`:
   always normalises during render and casts to the model dtype (float32 under ``--dtype float32``, bf16
   under bf16): those are accepted and widened to float32 (``vlrl.vllm.capabilities``);
 - ``engine_features``: one :class:`VllmImageFeature` per image (the payload passed back to
-  generate untouched, by :func:`generate_features`);
+  generate untouched, by :func:`vlrl.vllm.items.generate_features`);
 - ``image_hashes``: ``vlrl.messages.image_hash`` of the images the model receives, decoded once
   locally by ``vlrl.messages.prepare_messages`` (as embedded);
 - ``text``: the decoded tokens with each image's pad run folded back to one ``<|image_pad|>``
@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vlrl.errors import BadInputError
 from vlrl.image_decode import ImageLimits
 from vlrl.messages import PreparedMessages, prepare_messages
 from vlrl.render.types import PlaceholderRange, RenderedPrompt, Renderer
@@ -211,34 +210,6 @@ def decode_pixels(items: Sequence[str], caps: VllmCapabilities):
 
 def _garbage(what: str) -> VllmServerError:
     return VllmServerError(f"render answered garbage: {what}")
-
-
-def generate_features(prompt: RenderedPrompt, image_token_id: int) -> dict | None:
-    """The ``features`` of a generate request: each image's render payload, at the prompt's own placeholders.
-
-    Placeholders come from ``prompt.placeholders`` (never from the render answer), so a rollout may splice
-    token histories and shift them; each range is checked to still cover a run of image pads."""
-    if not prompt.n_images:
-        return None
-    feats = prompt.engine_features
-    if len(feats) != prompt.n_images or not all(isinstance(f, VllmImageFeature) for f in feats):
-        raise BadInputError(
-            f"prompt has {prompt.n_images} images but {len(feats)} vLLM image payloads in "
-            "engine_features: render it with VllmRenderer"
-        )
-    for k, p in enumerate(prompt.placeholders):
-        run = prompt.token_ids[p.offset : p.offset + p.length]
-        if len(run) != p.length or any(t != image_token_id for t in run):
-            raise BadInputError(
-                f"placeholder {k} ({p.offset}, {p.length}) does not cover a run of {IMAGE_PAD} "
-                "tokens in token_ids (was the prompt spliced without shifting placeholders?)"
-            )
-    return {
-        "mm_hashes": {"image": [f.mm_hash for f in feats]},
-        "mm_placeholders": {"image": [{"offset": p.offset, "length": p.length} for p in prompt.placeholders]},
-        "kwargs_data": {"image": [f.kwargs_data for f in feats]},
-        "mm_metadata": {"image": [f.metadata for f in feats]},
-    }
 
 
 if TYPE_CHECKING:  # mypy proves here that the class implements the contract

@@ -1,25 +1,47 @@
-"""One call from a checkpoint dir to running vLLM servers with their renderer and engine."""
+"""One call from a checkpoint dir to running vLLM servers with their renderer and engine.
+
+The renderer (``renderer=``, a run's ``rollout.renderer``):
+
+- ``"embedded"`` (default): the checkpoint's HF processor in this process (``vlrl.render.embedded``, renders on
+  threads), and the engine sends vLLM the prompt's own tensors (``vlrl.vllm.items``): each image crosses the wire
+  once and the server processes none. At start one conversation is rendered both ways and held to
+  ``vlrl.checks.render_agreement`` (ids, placeholders, grids, pixels in the server's dtype): a server whose
+  processor or template differs stops the run there.
+- ``"vllm"``: the server's render route (:class:`VllmRenderer`): the server processes each image and sends its
+  tensors out and back in. Measured on an H100 (2b bf16, 64 fresh images): 0.60× raw chat completions.
+"""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Literal
 
+from vlrl.checks.render_agreement import RenderAgreement, check_render_agreement
+from vlrl.render.types import Renderer
 from vlrl.vllm.client import KEY_ENV, VllmClient
 from vlrl.vllm.engine import VllmEngine
 from vlrl.vllm.renderer import VllmRenderer
 from vlrl.vllm.server import ServerConfig, VllmServer, new_api_key
 
 ATTACH_ENV = "VLRL_VLLM_URL"
+RendererChoice = Literal["embedded", "vllm"]
+RENDER_WORKERS = 8
+"""Threads the embedded renderer renders on (at most the machine's cores)."""
 
 
 @dataclass(frozen=True)
 class VllmStack:
-    renderer: VllmRenderer
+    renderer: Renderer
+    """What rollouts render with: the embedded renderer or ``server_renderer`` (module docstring)."""
     engine: VllmEngine
     servers: tuple[VllmServer, ...]
     config: ServerConfig
     """The servers' limits (``max_model_len``, ``max_images_per_prompt``, ...), resolved."""
+    server_renderer: VllmRenderer
+    """The servers' render route, whichever renderer rollouts use."""
+    render_agreement: RenderAgreement | None = None
+    """The start-up check of the embedded renderer against the server's (``None`` with ``renderer="vllm"``)."""
 
     @property
     def url(self) -> str:
@@ -47,6 +69,7 @@ def vllm_stack(
     n_servers: int = 1,
     urls: str | list[str] | None = None,
     api_key: str | None = None,
+    renderer: RendererChoice = "embedded",
     **server_kwargs,
 ) -> VllmStack:
     """Start ``n_servers`` servers for ``model_dir`` (round-robin behind one client); renderer + engine on them.
@@ -63,6 +86,8 @@ def vllm_stack(
     ``model_dir`` (e.g. ``vlrl serve``) instead of starting any, with ``api_key`` or
     ``$VLRL_VLLM_API_KEY``; weight sync then reloads *those* servers, and closing the stack leaves
     them running. The limits given must then be the ones those servers were started with.
+
+    ``renderer``: ``"embedded"`` or ``"vllm"`` (module docstring).
     """
     if urls is None and os.environ.get(ATTACH_ENV):
         urls = [u.strip() for u in os.environ[ATTACH_ENV].split(",") if u.strip()]
@@ -78,9 +103,35 @@ def vllm_stack(
     )
     servers = () if urls else _start(cfg, n_servers)
     client = VllmClient(urls or [s.url for s in servers], api_key=cfg.api_key)
-    renderer = VllmRenderer.from_pretrained(model_dir, client, model=cfg.served_model_name)
-    engine = VllmEngine.from_pretrained(model_dir, client, max_context=cfg.max_model_len, model=cfg.served_model_name)
-    return VllmStack(renderer, engine, servers, cfg)
+    try:
+        route = VllmRenderer.from_pretrained(model_dir, client, model=cfg.served_model_name)
+        engine = VllmEngine.from_pretrained(
+            model_dir, client, max_context=cfg.max_model_len, model=cfg.served_model_name
+        )
+        if renderer == "vllm":
+            return VllmStack(route, engine, servers, cfg, route)
+        if renderer != "embedded":
+            raise ValueError(f"renderer must be 'embedded' or 'vllm', got {renderer!r}")
+        local, agreement = embedded_renderer(model_dir, route, engine)
+        return VllmStack(local, engine, servers, cfg, route, agreement)
+    except BaseException:
+        client.close()
+        for s in servers:
+            s.stop()
+        raise
+
+
+def embedded_renderer(model_dir, route: VllmRenderer, engine: VllmEngine):
+    """The embedded renderer for ``engine``'s servers, checked against their render route on one conversation;
+    the engine's item layout (``vlrl.vllm.items.ItemCodec``) read off the same render."""
+    from vlrl.render.embedded import EmbeddedRenderer
+    from vlrl.vllm.items import ItemCodec, codec_probe
+
+    local = EmbeddedRenderer.from_pretrained(model_dir, workers=min(RENDER_WORKERS, os.cpu_count() or 1))
+    probe = route.render(codec_probe())
+    engine.item_codec = ItemCodec(probe.engine_features[0].kwargs_data)
+    agreement = check_render_agreement(local, route, codec_probe(), pixel_dtype=engine.item_codec.pixel_dtype)
+    return local, agreement
 
 
 def _start(cfg: ServerConfig, n: int) -> tuple[VllmServer, ...]:

@@ -47,7 +47,8 @@ from vlrl.render.types import RenderedPrompt
 from vlrl.vllm.checkpoint import CheckpointWriter, verify_checksums
 from vlrl.vllm.client import GENERATE, VllmClient
 from vlrl.vllm.image_cache import ServerImages
-from vlrl.vllm.renderer import VllmRenderer, generate_features
+from vlrl.vllm.items import generate_features
+from vlrl.vllm.renderer import VllmRenderer
 from vlrl.vllm.server import VllmServerError
 from vlrl.vllm.tensor_transfer import Transport
 from vlrl.vllm.worker import HEAD_CHECK_TOL
