@@ -4,7 +4,10 @@ question, ``--max-tokens`` new tokens, T = 1, eos ignored, seed i), all requests
 - ``raw``: ``/v1/chat/completions`` (vLLM renders and processes the image itself, no logprobs);
 - ``render``: vlrl's render route alone (``VllmRenderer.arender``: the server renders, the pixels come back and
   are decoded); ``render_http``: the same requests' round trips without the client's decoding;
-- ``generate``: token-in/token-out generate of the rendered prompts as the engine sends them (logprobs, vision
+- ``local_render``: the embedded renderer alone (this process, on its threads; no server);
+- ``generate_prerendered``: the engine's generate of prompts the embedded renderer made beforehand (items built and
+  sent whole): vlrl's first turn without its render;
+- ``generate``: token-in/token-out generate of the route-rendered prompts as the engine sends them (logprobs, vision
   tokens banned through ``bad_words``), every image sent whole;
 - ``generate`` variants, the same bodies with one sampling field changed: ``no_bad_words``, ``no_logprobs``,
   ``neither``, and ``logit_bias`` (the ban as a -100 bias instead of ``bad_words``);
@@ -100,6 +103,33 @@ def time_render_http(stack, batches) -> dict:
     return {"seconds": out["seconds"], "requests": out["tokens"]}
 
 
+def time_local_render(stack, batches) -> dict:
+    """The stack's renderer (the embedded one, on its threads) over a batch's conversations: no server involved."""
+
+    async def all_of(batch) -> int:
+        return len(await asyncio.gather(*(stack.renderer.arender(m) for m in batch)))
+
+    out = timed(lambda b: asyncio.run(all_of(b)), batches)
+    return {"seconds": out["seconds"], "requests": out["tokens"]}
+
+
+def time_generate_prompts(stack, batches, max_tokens: int) -> dict:
+    """The engine's generate (``agenerate``: items built and sent whole, logprobs, the ban) of prompts the stack's
+    renderer made beforehand, all of a batch concurrently: vlrl's generate without its render."""
+    from vlrl.engines.types import SamplingParams
+
+    rendered = [[stack.renderer.render(m) for m in b] for b in batches]
+    sp = [
+        SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True, seed=i) for i in range(len(rendered[0]))
+    ]
+
+    async def all_of(prompts) -> int:
+        gens = await asyncio.gather(*(stack.engine.agenerate(p, s) for p, s in zip(prompts, sp)))
+        return sum(len(g.token_ids) for g in gens)
+
+    return timed(lambda b: asyncio.run(all_of(b)), rendered)
+
+
 def take(batches, count: int) -> list:
     """The next ``count`` fresh batches."""
     return [next(batches) for _ in range(count)]
@@ -141,10 +171,13 @@ def main() -> None:
         stack.server_renderer.render(workload_messages(1)[0])  # the server's processor loaded: not timed
         for n in args.sizes:
             per = 1 + args.repeats
-            paths = 3 if args.paths_only else 5  # raw, vlrl, vlrl_route (and render, render_http): fresh images each
+            paths = 3 if args.paths_only else 7  # raw, vlrl, vlrl_route (+ local_render, generate_prerendered,
+            # render, render_http): fresh images each
             fresh = iter(fresh_batches(n, (paths + len(slots)) * per))
             row: dict = {"raw": time_raw(stack, take(fresh, per), args.max_tokens)}
             if not args.paths_only:
+                row["local_render"] = time_local_render(stack, take(fresh, per))
+                row["generate_prerendered"] = time_generate_prompts(stack, take(fresh, per), args.max_tokens)
                 row["render"] = time_render(stack, take(fresh, per))
                 row["render_http"] = time_render_http(stack, take(fresh, per))
                 prompts = [stack.server_renderer.render(m) for m in workload_messages(n)]
