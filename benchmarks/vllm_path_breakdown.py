@@ -42,6 +42,7 @@ from vlrl.engines.types import SamplingParams
 from vlrl.messages import VISION_TOKENS
 from vlrl.models.build import cached_model_dir
 from vlrl.vllm.client import GENERATE
+from vlrl.vllm.items import wire
 
 
 def variants(engine) -> dict:
@@ -130,6 +131,32 @@ def time_generate_prompts(stack, batches, max_tokens: int) -> dict:
     return timed(lambda b: asyncio.run(all_of(b)), rendered)
 
 
+def time_prerendered_variants(stack, fresh, per: int, max_tokens: int) -> dict:
+    """The generate of embedded-rendered prompts on fresh images, posted straight (items serialised beforehand),
+    with each of :func:`variants`' sampling edits: which part of the request costs the server time."""
+    engine, client = stack.engine, stack.engine.client
+    out = {}
+    for name, edit in variants(engine).items():
+        batches = []
+        for batch in take(fresh, per):
+            bodies = []
+            for i, m in enumerate(batch):
+                sp = SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True, seed=i)
+                body = wire(engine.request_body(stack.renderer.render(m), sp, engine.item_codec))
+                bodies.append({**body, "sampling_params": {**body["sampling_params"], **edit}})
+            batches.append(bodies)
+
+        async def one(body: dict) -> int:
+            data = await client.post(stack.url, GENERATE, body, what="breakdown generate")
+            return len(data["choices"][0]["token_ids"])
+
+        async def all_of(bodies) -> int:
+            return sum(await asyncio.gather(*(one(b) for b in bodies)))
+
+        out[f"fresh_{name}"] = timed(lambda b: client.run(all_of(b)), batches)
+    return out
+
+
 def take(batches, count: int) -> list:
     """The next ``count`` fresh batches."""
     return [next(batches) for _ in range(count)]
@@ -145,6 +172,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--slots", default="", help="renders in flight per server to time vlrl at, e.g. 0,4,16 (0: none)")
     ap.add_argument("--paths-only", action="store_true", help="raw, vlrl, vlrl_route only: no render or generate rows")
+    ap.add_argument("--variants-only", action="store_true", help="raw and the fresh generate variants only")
     args = ap.parse_intermixed_args()
     slots = [int(k) for k in args.slots.split(",") if k]
     from vlrl.vllm.stack import vllm_stack
@@ -171,10 +199,19 @@ def main() -> None:
         stack.server_renderer.render(workload_messages(1)[0])  # the server's processor loaded: not timed
         for n in args.sizes:
             per = 1 + args.repeats
-            paths = 3 if args.paths_only else 7  # raw, vlrl, vlrl_route (+ local_render, generate_prerendered,
+            paths = (
+                6 if args.variants_only else 3 if args.paths_only else 7
+            )  # raw, vlrl, vlrl_route (+ local_render, generate_prerendered,
             # render, render_http): fresh images each
             fresh = iter(fresh_batches(n, (paths + len(slots)) * per))
             row: dict = {"raw": time_raw(stack, take(fresh, per), args.max_tokens)}
+            if args.variants_only:
+                row.update(time_prerendered_variants(stack, fresh, per, args.max_tokens))
+                result["by_size"][str(n)] = row
+                print(n, json.dumps(row), flush=True)
+                with open(args.out, "w") as f:
+                    json.dump(result, f, indent=1)
+                continue
             if not args.paths_only:
                 row["local_render"] = time_local_render(stack, take(fresh, per))
                 row["generate_prerendered"] = time_generate_prompts(stack, take(fresh, per), args.max_tokens)
