@@ -199,10 +199,9 @@ def main() -> None:
         stack.server_renderer.render(workload_messages(1)[0])  # the server's processor loaded: not timed
         for n in args.sizes:
             per = 1 + args.repeats
-            paths = (
-                6 if args.variants_only else 3 if args.paths_only else 7
-            )  # raw, vlrl, vlrl_route (+ local_render, generate_prerendered,
-            # render, render_http): fresh images each
+            # fresh batches per path: raw, vlrl, vlrl_route (+ local_render, generate_prerendered, render,
+            # render_http), or raw and the five fresh generate variants
+            paths = 6 if args.variants_only else 3 if args.paths_only else 7
             fresh = iter(fresh_batches(n, (paths + len(slots)) * per))
             row: dict = {"raw": time_raw(stack, take(fresh, per), args.max_tokens)}
             if args.variants_only:
