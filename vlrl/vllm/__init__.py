@@ -3,13 +3,15 @@
 One module per piece, each importable on its own (nothing is re-exported here: ``auth`` and
 ``worker`` are loaded inside the server process, which must not pay for the rest):
 
-- ``stack``: ``vllm_stack(model_dir, *, max_images_per_prompt=, max_model_len=)`` — servers + renderer + engine
+- ``stack``: ``vllm_stack(model_dir, *, max_images_per_prompt=, max_model_len=, renderer=)`` — servers + renderer
+  (the embedded one by default, checked against the server's at start) + engine
 - ``limits``: the servers' context, images per prompt and KV cache, derived from the model and env, checked
 - ``capabilities``: ``VllmCapabilities``: the server's vLLM (version, build, routes) and the wire shapes it implies
 - ``server``: ``ServerConfig`` / ``VllmServer``: one server subprocess (flags, environment, start, stop)
 - ``auth``: the per-run API key on every route but /health and /version (server side, ``--middleware``)
 - ``client``: ``VllmClient``: pooled async HTTP with retries, failover and the API key
 - ``renderer``: ``VllmRenderer``: ``POST /v1/chat/completions/render`` -> ``RenderedPrompt``
+- ``items``: vLLM's per-image items built from a prompt's own ``pixel_values`` (embedded-renderer prompts)
 - ``engine``: ``VllmEngine``: token-in/token-out ``POST /inference/v1/generate``, the logprob contract
 - ``weight_sync``: ``WeightSync`` (owned by the engine): reload on every server (checkpoint or push), checksums, probe
 - ``tensor_transfer``: the trainer's tensors inside one ``/collective_rpc`` call (CUDA IPC handles or values)

@@ -2,7 +2,8 @@
 
 **Prompts**: ``token_ids`` as given; each image's offset and length from ``prompt.placeholders``
 (never from the render payload), its processed tensors from ``prompt.engine_features`` (made by
-:class:`vlrl.vllm.renderer.VllmRenderer`). A rollout may therefore splice token histories and shift
+:class:`vlrl.vllm.renderer.VllmRenderer`) or, for a prompt of the embedded renderer, built from its own
+``pixel_values`` (``vlrl.vllm.items``). A rollout may therefore splice token histories and shift
 placeholders with ``dataclasses.replace``; the engine checks each range still covers image pads.
 
 **Logprobs** (contract in ``engines.types``): servers run with ``--logprobs-mode
