@@ -44,7 +44,30 @@ def fake_url():
     server.shutdown()
 
 
-def test_errors_name_url_and_problem(fake_url):
+@pytest.fixture(params=["picked", "httpx"])
+def library(request, monkeypatch):
+    """The HTTP library the client picks (httpx2 where installed), and plain httpx, its fallback."""
+    from vlrl.vllm import client
+
+    if request.param == "httpx":
+        import httpx
+
+        monkeypatch.setattr(client, "_httpx", lambda: httpx)
+    return client._httpx().__name__
+
+
+def test_httpx2_is_picked_where_installed_else_httpx(monkeypatch):
+    import importlib.util
+
+    from vlrl.vllm.client import _httpx
+
+    want = "httpx2" if importlib.util.find_spec("httpx2") else "httpx"
+    assert _httpx().__name__ == want
+    monkeypatch.setitem(__import__("sys").modules, "httpx2", None)  # not installed
+    assert _httpx().__name__ == "httpx"
+
+
+def test_errors_name_url_and_problem(fake_url, library):
     client = VllmClient(fake_url, ClientConfig(timeout_s=0.5, retries=1, backoff_s=0.01))
     assert client.run(client.post(fake_url, "/ok", {}, what="t")) == {"ok": 1}
     for path, err, text in [

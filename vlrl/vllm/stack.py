@@ -8,7 +8,8 @@ The renderer (``renderer=``, a run's ``rollout.renderer``):
   ``vlrl.checks.render_agreement`` (ids, placeholders, grids, pixels in the server's dtype): a server whose
   processor or template differs stops the run there.
 - ``"vllm"``: the server's render route (:class:`VllmRenderer`): the server processes each image and sends its
-  tensors out and back in. Measured on an H100 (2b bf16, 64 fresh images): 0.60× raw chat completions.
+  tensors out and back in. Measured on an H100 (maze2d, bf16, 32 episodes of 12 turns): a step's rollout 21–22 s,
+  against 6.6–7.4 s embedded (benchmarks/results/vllm_gpu_h100/NOTE.md, runs 15 and 20).
 """
 
 from __future__ import annotations
