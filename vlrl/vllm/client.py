@@ -279,8 +279,8 @@ def _httpx():
     1.0.9's connection pool re-scans every connection for every queued request at each assignment pass, which at a
     rollout's concurrency is most of the client's time; httpcore2 2.16 does one pass per assignment (pydantic/httpx2
     #974, #1075, #1076). Measured with ``benchmarks/vllm_client_overhead.py`` (64 image requests in flight to a
-    stub server, 2 CPU cores): 11.1 ms of client time a request with httpx, 4.5 ms with httpx2 (text-only 8.2 vs
-    1.6 ms); at 256 the one-process stub bounds both (4.9 vs 6.4 ms)."""
+    stub server, 2 CPU cores): 10.0 ms of client time a request with httpx, 4.0 ms with httpx2 (text-only 7.2 vs
+    1.5 ms); at 256 the one-process stub bounds both (5.2 vs 5.8 ms; benchmarks/results/vllm_client_overhead_cpu_*)."""
     try:
         import httpx2 as httpx
     except ImportError:
