@@ -31,3 +31,17 @@ def test_embedded_prompts_generate_what_the_render_route_does(vllm_stack, arch):
         assert a.top_logprobs == b.top_logprobs or all(
             [t for t, _ in x] == [t for t, _ in y] for x, y in zip(a.top_logprobs, b.top_logprobs)
         ), name
+
+
+def test_an_engine_without_a_stack_reads_the_item_layout_itself(vllm_stack):
+    """A ``VllmEngine`` a user builds over running servers (no stack to set its codec) asks the server once."""
+    from vlrl.vllm.engine import VllmEngine
+
+    stack = vllm_stack("qwen2_5_vl")
+    engine = VllmEngine.from_pretrained(stack.engine.model_dir, stack.engine.client, model=stack.engine.model)
+    assert engine.item_codec is None
+    prompt = stack.renderer.render(conversations()["one_image"][0])
+    sp = SamplingParams(temperature=1.0, max_tokens=6, seed=3)
+    got, want = engine.generate([prompt], sp)[0], stack.engine.generate([prompt], sp)[0]
+    assert engine.item_codec is not None and engine.item_codec.pixel_dtype == stack.engine.item_codec.pixel_dtype
+    assert got.token_ids == want.token_ids and got.logprobs == want.logprobs

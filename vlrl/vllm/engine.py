@@ -184,7 +184,8 @@ class VllmEngine:
         return url, data, failed
 
     async def _codec(self) -> ItemCodec:
-        """The server's item layout, from one render of :data:`CODEC_PROBE` (asked once, on the client's loop)."""
+        """The server's item layout, from one render of :func:`vlrl.vllm.items.codec_probe` (asked once, on the
+        client's loop; a stack sets it at start)."""
         if self.item_codec is None:
             self._codec_lock = self._codec_lock or asyncio.Lock()
             async with self._codec_lock:
