@@ -20,7 +20,7 @@ def test_embedded_prompts_generate_what_the_render_route_does(vllm_stack, arch):
     assert isinstance(stack.renderer, EmbeddedRenderer)
     agreement = stack.render_agreement  # the start-up check of the two renderers
     assert agreement is not None and agreement.images == 1 and agreement.pixel_max_abs == 0.0
-    for name in ("one_image", "several_images", "multi_turn"):
+    for name in ("multi_turn",):  # two images over two turns, a system prompt (CI time: one conversation an arch)
         messages = conversations()[name][0]
         ours, routed = stack.renderer.render(messages), stack.server_renderer.render(messages)
         assert ours.token_ids == routed.token_ids and not ours.engine_features and routed.engine_features
