@@ -123,16 +123,14 @@ def vllm_stack(
 
 
 def embedded_renderer(model_dir, route: VllmRenderer, engine: VllmEngine):
-    """The embedded renderer for ``engine``'s servers, checked against their render route on one conversation;
-    the engine's item layout (``vlrl.vllm.items.ItemCodec``) read off the same render."""
+    """The embedded renderer for ``engine``'s servers, checked against their render route on one conversation in
+    the dtype the engine sends pixels in (its item layout, read now as the engine reads it on first need)."""
     from vlrl.render.embedded import EmbeddedRenderer
-    from vlrl.vllm.items import ItemCodec, codec_probe
+    from vlrl.vllm.items import codec_probe
 
     local = EmbeddedRenderer.from_pretrained(model_dir, workers=min(RENDER_WORKERS, os.cpu_count() or 1))
-    probe = route.render(codec_probe())
-    engine.item_codec = ItemCodec(probe.engine_features[0].kwargs_data)
-    agreement = check_render_agreement(local, route, codec_probe(), pixel_dtype=engine.item_codec.pixel_dtype)
-    return local, agreement
+    codec = engine.client.run(engine._codec())  # the one place the layout is read
+    return local, check_render_agreement(local, route, codec_probe(), pixel_dtype=codec.pixel_dtype)
 
 
 def _start(cfg: ServerConfig, n: int) -> tuple[VllmServer, ...]:
