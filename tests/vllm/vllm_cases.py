@@ -76,8 +76,8 @@ def conversations() -> dict[str, tuple[list, list | None]]:
 
 def agreement_bounds():
     """The fp32 defaults (max |Δ| 1e-4, mean 2e-5, …). Since the contract leaves the vision placeholder ids
-    out of the softmax on every side, vLLM's ``bad_words`` ban is the contract itself (before that, the ban's
-    renormalisation put every logprob ~3.4e-5 above the trainer's full-vocabulary softmax)."""
+    out of the softmax on every side, the servers' ban (``vlrl.vllm.ban``) is the contract itself (before that, the
+    ban's renormalisation put every logprob ~3.4e-5 above the trainer's full-vocabulary softmax)."""
     from vlrl.checks.agreement import AgreementBounds
 
     return AgreementBounds.for_dtype("float32")

@@ -54,6 +54,10 @@ def timed(run: Callable[[list[list[dict]]], int], batches: Sequence[list[list[di
 
 
 def time_raw(stack, batches: Sequence[list[list[dict]]], max_tokens: int) -> dict:
+    return timed(raw_runner(stack, max_tokens), batches)
+
+
+def raw_runner(stack, max_tokens: int) -> Callable[[list[list[dict]]], int]:
     """All of a batch's requests to ``/v1/chat/completions`` concurrently; tokens from the server's usage counts."""
     client, url = stack.engine.client, stack.url
 
@@ -72,10 +76,14 @@ def time_raw(stack, batches: Sequence[list[list[dict]]], max_tokens: int) -> dic
     async def all_of(batch: list[list[dict]]) -> int:
         return sum(await asyncio.gather(*(one(i, m) for i, m in enumerate(batch))))
 
-    return timed(lambda b: client.run(all_of(b)), batches)
+    return lambda b: client.run(all_of(b))
 
 
 def time_vlrl(stack, batches: Sequence[list[list[dict]]], max_tokens: int, renderer=None) -> dict:
+    return timed(vlrl_runner(stack, max_tokens, renderer), batches)
+
+
+def vlrl_runner(stack, max_tokens: int, renderer=None) -> Callable[[list[list[dict]]], int]:
     """vlrl's path as an episode's first turn takes it: each request rendered (``arender``; ``renderer``, default
     the stack's), then generated token-in/token-out (``agenerate``), all of a batch's requests concurrently.
     The time includes rendering, as raw vLLM's includes its own image processing (before 2026-11-24 the
@@ -92,7 +100,7 @@ def time_vlrl(stack, batches: Sequence[list[list[dict]]], max_tokens: int, rende
     async def all_of(batch: list[list[dict]]) -> int:
         return sum(await asyncio.gather(*(one(i, m) for i, m in enumerate(batch))))
 
-    return timed(lambda b: asyncio.run(all_of(b)), batches)
+    return lambda b: asyncio.run(all_of(b))
 
 
 SERVER_ARGS = ("--max-num-batched-tokens", "131072")

@@ -21,9 +21,12 @@ import subprocess
 import sys
 from dataclasses import dataclass, replace
 from functools import cache
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from vlrl.vllm.server import VllmServerError
+from vlrl.vllm.server import BAN_KEY, BAN_PROCESSOR, VllmServerError
+
+if TYPE_CHECKING:
+    from vlrl.vllm.client import VllmClient
 
 MIN_VERSION = (0, 26, 0)
 NEW_FRONTEND = (0, 32, 0)
@@ -215,3 +218,26 @@ def from_server(version_body: dict, openapi_body: dict | None, device: Device = 
     if isinstance(openapi_body, dict) and isinstance(openapi_body.get("paths"), dict):
         routes = frozenset(openapi_body["paths"])
     return VllmCapabilities(version=ver, device=device, routes=routes)
+
+
+async def check_ban(client: VllmClient, model: str, prompt_ids: list[int]) -> None:
+    """Every live server applies vlrl's vision-token ban (``vlrl.vllm.ban``), or one
+    :class:`VllmUnsupportedError`: a server started without vlrl's ``--logits-processors`` ignores
+    ``extra_args`` and could sample a placeholder. Per server: a greedy token, then the same request with that
+    token banned must answer another."""
+    from vlrl.vllm.client import require
+
+    async def token(url: str, ban: list[int]) -> int:
+        sp = {"temperature": 0.0, "max_tokens": 1, "ignore_eos": True, "extra_args": {BAN_KEY: ban}}
+        body = {"model": model, "token_ids": prompt_ids, "sampling_params": sp, "output_mode": "tokens"}
+        data = await client.post(url, GENERATE, body, what="vision-token ban probe")
+        choices = require(data, "choices", list, url + GENERATE)
+        return int(require(choices[0], "token_ids", list, url + GENERATE)[0])
+
+    for url in client.live_urls() or client.urls:
+        first = await token(url, [])
+        if await token(url, [first]) == first:
+            raise VllmUnsupportedError(
+                f"the vLLM server at {url} ignores vlrl's vision-token ban (extra_args[{BAN_KEY!r}]): start it "
+                f"with `--logits-processors {BAN_PROCESSOR}`, as `vlrl serve` and vllm_stack do"
+            )

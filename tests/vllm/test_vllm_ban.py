@@ -1,0 +1,93 @@
+"""The vision-placeholder ban inside vLLM (``vlrl.vllm.ban``): the same mask ``bad_words`` made, kept per batch row."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vllm_cases import conversations
+
+from vlrl.engines.types import SamplingParams
+from vlrl.messages import VISION_TOKENS
+from vlrl.vllm.client import GENERATE
+from vlrl.vllm.items import wire
+
+pytestmark = pytest.mark.vllm
+VOCAB = 10
+
+
+def _ban():
+    from vlrl.vllm.ban import VisionBan
+
+    config = SimpleNamespace(model_config=SimpleNamespace(get_vocab_size=lambda: VOCAB))
+    return VisionBan(config, torch.device("cpu"), False)
+
+
+def _params(ban):
+    from vllm import SamplingParams as VllmParams
+
+    return VllmParams(extra_args=None if ban is None else {"vlrl_ban": ban})
+
+
+def _masked(ban, rows: int) -> list[list[int]]:
+    logits = ban.apply(torch.zeros(rows, VOCAB))
+    return [torch.nonzero(torch.isinf(r)).flatten().tolist() for r in logits]
+
+
+def test_the_ban_follows_rows_as_vllm_adds_removes_and_moves_them():
+    from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
+
+    ban = _ban()
+    added = [(0, _params([3, 1]), [], []), (1, _params(None), [], []), (2, _params([7, 12]), [], [])]  # 12: past vocab
+    ban.update_state(BatchUpdate(3, removed=[], added=added, moved=[]))
+    assert _masked(ban, 3) == [[1, 3], [], [7]]
+    ban.update_state(BatchUpdate(2, removed=[0], added=[], moved=[(2, 0, MoveDirectionality.UNIDIRECTIONAL)]))
+    assert _masked(ban, 2) == [[7], []]
+    ban.update_state(BatchUpdate(2, removed=[], added=[], moved=[(0, 1, MoveDirectionality.SWAP)]))
+    assert _masked(ban, 2) == [[], [7]]
+    ban.update_state(BatchUpdate(2, removed=[], added=[(1, _params([]), [], [])], moved=[]))  # a new request, no ban
+    assert _masked(ban, 2) == [[], []] and not ban.bans
+
+
+def test_a_malformed_ban_is_refused():
+    from vlrl.vllm.ban import VisionBan
+
+    VisionBan.validate_params(_params([0, 5]))
+    for bad in ("151655", [-1], [1.5], [True]):
+        with pytest.raises(ValueError, match="vlrl_ban"):
+            VisionBan.validate_params(_params(bad))
+
+
+def test_the_servers_ban_is_bad_words_mask_and_the_engine_checks_it(vllm_stack):
+    """The generate of vlrl's body (``extra_args``) answers exactly what ``bad_words`` did (tokens and processed
+    logprobs); without any ban the logprobs move (the vision ids' mass is back in the softmax)."""
+    stack = vllm_stack("qwen2_5_vl")
+    engine = stack.engine
+    prompt = stack.renderer.render(conversations()["one_image"][0])
+    sp = SamplingParams(temperature=1.0, max_tokens=16, seed=11, ignore_eos=True)
+    assert engine.generate([prompt], sp)[0].token_ids and engine._ban_checked  # the probe passed on vlrl's server
+    body = wire(engine.request_body(prompt, sp, engine.item_codec))
+    assert body["sampling_params"]["extra_args"] == {"vlrl_ban": list(engine.banned_ids)}
+    plain = {k: v for k, v in body["sampling_params"].items() if k != "extra_args"}
+
+    def post(params: dict):
+        data = engine.client.run(engine.client.post(stack.url, GENERATE, {**body, "sampling_params": params}, what="t"))
+        c = data["choices"][0]
+        return c["token_ids"], [e["logprob"] for e in c["logprobs"]["content"]]
+
+    ours, words, neither = post(body["sampling_params"]), post({**plain, "bad_words": list(VISION_TOKENS)}), post(plain)
+    assert ours == words
+    assert max(abs(a - b) for a, b in zip(ours[1], neither[1])) > 1e-6
+
+
+def test_a_server_that_ignores_the_ban_is_one_clear_error(vllm_stack, monkeypatch):
+    """As a server started without vlrl's logits processor: it ignores the key the probe sends."""
+    import vlrl.vllm.capabilities as caps
+    from vlrl.vllm.capabilities import VllmUnsupportedError, check_ban
+
+    stack = vllm_stack("qwen2_5_vl")
+    monkeypatch.setattr(caps, "BAN_KEY", "not_read_by_any_processor")
+    ids = stack.engine.tokenizer.encode("Hi", add_special_tokens=False)
+    with pytest.raises(VllmUnsupportedError, match="--logits-processors vlrl.vllm.ban:VisionBan"):
+        stack.engine.client.run(check_ban(stack.engine.client, stack.engine.model, ids))

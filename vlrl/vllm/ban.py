@@ -1,0 +1,75 @@
+"""The vision-placeholder ban inside vLLM: a logits processor the server loads (``--logits-processors``).
+
+A request lists the token ids it may never sample in ``sampling_params.extra_args["vlrl_ban"]``; each decoding
+step sets those logits to -inf, for every such request at once (one ``index_put_``), before temperature and before
+vLLM computes its processed logprobs — where vLLM's ``bad_words`` acts, so the reported logprobs are normalised over
+the vocabulary without those ids, as the logprob contract's (``vlrl.engines.types``).
+
+Why not ``bad_words``: vLLM applies bad words in Python, one banned token of one request at a time, each a slice
+assignment (a kernel launch on a GPU): the engine's every step pays requests × banned ids of them, 256 at 64
+requests and 1,024 at 256, serialised with the model's step. Measured on an H100 (2b bf16, 64 fresh image requests,
+one timing each): the generate of vlrl's bodies 4.56 s, 3.59 s with ``bad_words`` left out
+(benchmarks/results/vllm_gpu_h100/NOTE.md, run 22).
+
+Loaded by the server's engine core (and by its API process, which validates ``extra_args``); this module imports
+vLLM and torch, so nothing in the trainer imports it — the engine names it by ``vlrl.vllm.server.BAN_PROCESSOR``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
+from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+
+from vlrl.vllm.server import BAN_KEY
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+    from vllm.config import VllmConfig
+
+
+class VisionBan(LogitsProcessor):
+    """Bans each request's ``extra_args["vlrl_ban"]`` ids (ids past the vocabulary cannot be sampled: dropped)."""
+
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool):
+        self.vocab = vllm_config.model_config.get_vocab_size()
+        self.device, self.pin = device, is_pin_memory
+        self.bans: dict[int, tuple[int, ...]] = {}
+        """Row of the persistent batch -> the ids that row bans (rows without a ban are absent)."""
+        self.where = (self._index([]), self._index([]))
+        self.neg_inf = torch.tensor(float("-inf"), dtype=torch.float32, device=device)
+
+    @classmethod
+    def validate_params(cls, sampling_params: SamplingParams) -> None:
+        ids = (sampling_params.extra_args or {}).get(BAN_KEY)
+        if ids is None:
+            return
+        if not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids):
+            raise ValueError(f"extra_args[{BAN_KEY!r}] must be a list of token ids (ints >= 0), got {str(ids)[:120]}")
+
+    def is_argmax_invariant(self) -> bool:
+        return False  # a banned token may be the argmax: greedy sampling changes too
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if process_dict_updates(self.bans, batch_update, self._ban_of):
+            rows = [r for r, ids in self.bans.items() for _ in ids]
+            cols = [i for ids in self.bans.values() for i in ids]
+            self.where = (self._index(rows), self._index(cols))
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits``: [rows of the batch, vocab], modified in place."""
+        if self.bans:
+            logits.index_put_(self.where, self.neg_inf)
+        return logits
+
+    def _ban_of(self, params: SamplingParams, _prompt, _output) -> tuple[int, ...] | None:
+        ids = (params.extra_args or {}).get(BAN_KEY)
+        kept = tuple(sorted({i for i in ids if i < self.vocab})) if ids else ()
+        return kept or None
+
+    def _index(self, values: list[int]) -> torch.Tensor:
+        # pinned + non_blocking: no host sync in the engine's step
+        t = torch.tensor(values, dtype=torch.long, pin_memory=self.pin and self.device.type != "cpu")
+        return t.to(self.device, non_blocking=True)
