@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Where the CPU time of vlrl's vLLM path goes: py-spy (a wheel carried in .tools/) samples every process of one
+# `benchmarks/vllm_path_breakdown.py` run — the bench (vlrl's client, the embedded renderer's threads), vLLM's API
+# server and its engine core — busy samples only, per thread (`--threads`), collapsed stacks to $OUT/pyspy_raw.txt.
+# Usage (device tool, the vLLM bundle unpacked in /tmp/vw; carry your clean copy with .tools/py_spy-*.whl):
+#   cd CLEAN && RATE=25 bash benchmarks/device/vllm_profile.sh 256 --paired --repeats 3
+set -uo pipefail
+[ -n "${VLRL_DEVICE_ENV:-}" ] || source benchmarks/device/env.sh
+source /tmp/vw/assemble.sh || { echo "no vLLM bundle in /tmp/vw (carry its parts first)"; exit 3; }
+python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .tools/py_spy-*.whl || exit 4
+timeout -s INT ${LIMIT:-480} /tmp/pyspy/bin/py-spy record --subprocesses --threads --format raw -r ${RATE:-25} \
+  -o $OUT/pyspy_raw.txt -- python3 benchmarks/vllm_path_breakdown.py $OUT/breakdown_profiled.json "$@" 2>&1 \
+  | grep -v Warning | tail -20
