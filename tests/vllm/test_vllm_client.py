@@ -149,3 +149,24 @@ def test_in_flight_limit_per_server_and_route():
     client.close()
     for s in servers:
         s.shutdown()
+
+
+def test_bodies_are_the_json_of_their_dict_with_base64_items_spliced_in():
+    """``json_bytes`` (what ``post`` sends) is byte for byte ``json.dumps`` of the body; a base64 item is spliced in,
+    not scanned, wherever it sits, and every other string is escaped as json would."""
+    import base64
+    import json
+
+    from vlrl.vllm.client import B64, json_bytes
+
+    item = B64(base64.b64encode(bytes(range(256)) * 300).decode())
+    body = {
+        "token_ids": list(range(50)),
+        "features": {"kwargs_data": {"image": [item, None, B64("QUJD")]}, "mm_hashes": {"image": ['a"b', "c"]}},
+        "sampling_params": {"stop": ['"\n\\', "é", "\u2028"], "extra_args": {"vlrl_ban": [1, 2]}, "t": 0.7},
+        "nested": [[item], {"x": [item]}],
+    }
+    got = json_bytes(body)
+    assert got == json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    assert json.loads(got)["features"]["kwargs_data"]["image"][0] == item
+    assert json_bytes({"a": "plain"}) == b'{"a":"plain"}'

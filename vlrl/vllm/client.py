@@ -12,6 +12,12 @@ can batch. Failures become :class:`VllmServerError` naming the URL and what went
   with every request as ``Authorization: Bearer`` (see ``vlrl.vllm.auth``);
 - other 4xx: :class:`BadInputError` with the server's message (not retried);
 - a body that is not the JSON object expected: "answered garbage".
+
+Bodies are encoded by :func:`json_bytes`: an image item is a base64 string of ~0.8 MB (bf16, 224 px) that needs no
+escaping, so it is marked :class:`B64` and spliced into the JSON instead of scanned by the encoder. Profiled on an
+H100 host (py-spy, 256 image requests in flight, benchmarks/results/vllm_gpu_h100/82c07ee/pyspy_2e24736/): before,
+the client's one loop thread spent half its busy time in ``json.dumps`` of these bodies (390 of 775 samples), which
+held back every other request's send.
 """
 
 from __future__ import annotations
@@ -19,8 +25,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import threading
+import uuid
 import zlib
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
@@ -31,7 +39,7 @@ from vlrl.errors import BadInputError
 from vlrl.vllm.capabilities import GENERATE, RENDER, VllmCapabilities, from_server
 from vlrl.vllm.server import VllmServerError
 
-__all__ = ["GENERATE", "RENDER", "ClientConfig", "VllmClient", "require"]
+__all__ = ["B64", "GENERATE", "RENDER", "ClientConfig", "VllmClient", "json_bytes", "require"]
 _RETRY_STATUS = frozenset({502, 503, 504})
 KEY_ENV = "VLRL_VLLM_API_KEY"
 """The key of servers vlrl attaches to (``VLRL_VLLM_URL``; ``vlrl serve`` prints it).
@@ -183,12 +191,13 @@ class VllmClient:
         """POST ``body`` to ``url + path``; the JSON object answered, or a vlrl error naming ``what``."""
         httpx = _httpx()
         c, target = self.config, f"{url}{path}"
+        content, headers = json_bytes(body), {"Content-Type": "application/json"}
         last, unreachable = "", False
         for attempt in range(c.retries + 1):
             if attempt:
                 await asyncio.sleep(c.backoff_s * 2 ** (attempt - 1))
             try:
-                resp = await self._http().post(target, json=body)
+                resp = await self._http().post(target, content=content, headers=headers)
             except httpx.TimeoutException as exc:
                 last = f"no answer within the timeout ({type(exc).__name__}, read timeout {c.timeout_s:g} s)"
                 unreachable = False
@@ -299,6 +308,40 @@ def _server_message(resp) -> str:
             return str(err.get("message", err))[:1000]
         return str(err)[:1000]
     return str(data)[:500]
+
+
+class B64(str):
+    """A base64 string (A-Z a-z 0-9 + / =: JSON-safe as it is), spliced into a body by :func:`json_bytes`."""
+
+    __slots__ = ()
+
+
+def json_bytes(body: Any) -> bytes:
+    """``json.dumps(body, separators=(",", ":"), ensure_ascii=False)`` in UTF-8, every :class:`B64` string spliced in
+    rather than scanned for characters to escape (a list is looked into only if its first element is a container
+    or a string: a prompt's token ids are not walked)."""
+    marks: list[B64] = []
+    nonce = uuid.uuid4().hex
+
+    def swap(x: Any) -> Any:
+        if isinstance(x, B64):
+            marks.append(x)
+            return f"{nonce}{len(marks) - 1}"
+        if isinstance(x, dict):
+            return {k: swap(v) for k, v in x.items()}
+        if isinstance(x, list) and x and isinstance(x[0], (dict, list, str)):
+            return [swap(v) for v in x]
+        return x
+
+    text = json.dumps(swap(body), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    if not marks:
+        return text.encode()
+    parts = text.split(f'"{nonce}')
+    out = [parts[0].encode()]
+    for part in parts[1:]:
+        k, rest = part.split('"', 1)
+        out += [b'"', marks[int(k)].encode("ascii"), b'"', rest.encode()]
+    return b"".join(out)
 
 
 def require(data: dict, key: str, kind: type | tuple[type, ...], target: str):

@@ -26,6 +26,7 @@ from typing import Any
 
 from vlrl.errors import BadInputError
 from vlrl.render.types import RenderedPrompt
+from vlrl.vllm.client import B64
 
 HASH_PREFIX = "vlrl-"
 """vLLM keys its multimodal cache (and prefix-cache blocks) by ``mm_hash``; vlrl's are its sha256 of the decoded
@@ -92,8 +93,8 @@ class PixelItem:
         """The item's bytes as vLLM's cache counts them (its tensors)."""
         return int(self.pixels.shape[0] * self.pixels.shape[1]) * self.codec.pixel_dtype.itemsize + 24
 
-    def wire(self) -> str:
-        return self.codec.encode(self.pixels, self.grid)
+    def wire(self) -> B64:
+        return B64(self.codec.encode(self.pixels, self.grid))
 
 
 def pixel_items(prompt: RenderedPrompt, codec: ItemCodec) -> list[PixelItem]:
@@ -143,7 +144,8 @@ def generate_features(prompt: RenderedPrompt, image_token_id: int, codec: ItemCo
             raise BadInputError(
                 f"prompt has {prompt.n_images} images but {len(feats)} vLLM image payloads in engine_features"
             )
-        hashes, items, metas = [f.mm_hash for f in feats], [f.kwargs_data for f in feats], [f.metadata for f in feats]
+        hashes, metas = [f.mm_hash for f in feats], [f.metadata for f in feats]
+        items = [B64(f.kwargs_data) if isinstance(f.kwargs_data, str) else f.kwargs_data for f in feats]
     else:
         if codec is None:
             raise ValueError("a prompt without vLLM image payloads needs the server's ItemCodec")
