@@ -35,9 +35,11 @@ def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
         eval_every=args.eval_every,
         sft_lr_scale=scale,
         model=args.model,
+        init=args.init,
         mask_detours=args.mask_detours,
         sft_pool=int(pool[0]) if pool else LevelPlan.sft_pool,
         sft_warmup=args.sft_warmup,
+        first_turns=args.first_turns,
     )
 
 
@@ -50,9 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weights", default=None, help="model dir to start the first level from (default random init)")
     ap.add_argument("--set", action="append", default=[], help="section.key=value for every level")
     ap.add_argument("--model", choices=["tiny", "small"], default="tiny", help="random-init model of the first level")
+    ap.add_argument("--init", choices=["normal", "fan_in"], default="normal", help="how that model's weights are drawn")
     ap.add_argument("--sft-scale", action="append", default=[], help="group=factor on sft.lr (vision, merger, ...)")
     ap.add_argument("--mask-detours", action="store_true", help="the expert's detour turns out of the SFT loss")
     ap.add_argument("--sft-warmup", type=float, default=0.0, help="seconds of linear SFT lr warm-up from 0")
+    ap.add_argument("--first-turns", type=float, default=0.0, help="seconds of SFT on the first turns alone first")
     ap.add_argument("--eval-every", type=int, default=0, help="also evaluate every N RL steps")
     ap.add_argument("--json", default=None, help="results file (default <out>/results.json)")
     args = ap.parse_args(argv)

@@ -1,7 +1,7 @@
 """A supervised perception probe: can a random-init Qwen-VL learn, from a maze's first frame alone, where
 the agent is and which way the BFS expert moves first?
 
-    python benchmarks/maze_perception.py [--arch qwen2_5_vl|qwen3_vl|qwen2_vl] [--model tiny|small]
+    python benchmarks/maze_perception.py [--arch qwen2_5_vl|qwen3_vl|qwen2_vl] [--model tiny|small] [--init fan_in]
         [--level 5x5] [--tile 0] [--train 256] [--heldout 64] [--steps 300] [--batch 32] [--lr 1e-3]
         [--vision-lr-scale 1] [--every 25] [--warmup 0] [--clip 0] [--target move|neighbours|walls|walls_move]
         [--say-position] [--out benchmarks/results/maze_perception_cpu.json] [--name RUN]
@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="qwen2_5_vl", choices=["qwen2_5_vl", "qwen3_vl", "qwen2_vl"])
     ap.add_argument("--model", default="tiny", choices=["tiny", "small"])
+    ap.add_argument("--init", default="normal", choices=["normal", "fan_in"], help="the weights' init scheme")
     ap.add_argument("--level", default="5x5")
     ap.add_argument("--tile", type=int, default=0, help="px per maze tile; 0 = the arch's merge unit")
     ap.add_argument("--train", type=int, default=256)
@@ -128,21 +129,22 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--say-position goes with --target move or neighbours")
 
     import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from vlrl.models.archs import patch_size
+    from vlrl.models.archs import patch_size  # vlrl first: its torchvision guard, before transformers' processors
+
+    from transformers import AutoModelForImageTextToText, AutoProcessor  # isort: skip
 
     torch.set_num_threads(args.threads)
     t0 = time.time()
     tile = args.tile or 2 * patch_size(args.arch)
-    if args.model == "tiny":
+    if args.model == "tiny" and args.init == "normal":
         from vlrl.models.build import cached_model_dir
 
         path = cached_model_dir(args.arch, "tiny")
     else:
-        from vlrl.envs.maze_curriculum import small_checkpoint
+        from vlrl.envs.maze_curriculum import start_checkpoint
 
-        path = small_checkpoint(args.arch)
+        path = start_checkpoint(args.arch, args.model, args.init)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).train()
     processor = AutoProcessor.from_pretrained(path)
     tok = processor.tokenizer
@@ -267,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python benchmarks/maze_perception.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "arch": args.arch,
         "model": args.model,
+        "init": args.init,
         "level": args.level,
         "tile": tile,
         "steps": args.steps,

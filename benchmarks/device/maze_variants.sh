@@ -2,19 +2,26 @@
 # Several maze-curriculum variants at once on the GPU host (benchmarks/maze_curriculum.py, one process each:
 # the tiny models leave the GPU mostly idle and each process renders on its own cores). Small result files
 # of every variant tarred under $OUT. Usage (device tool, from .clean, carry .clean):
-#   [SET=tile|next|first] [PLAN=level:sft_s:rl_s:pool] LIMIT=565 bash benchmarks/device/maze_variants.sh
+#   [SET=fan_in|tile|next|first] [PLAN=level:sft_s:rl_s:pool] LIMIT=565 bash benchmarks/device/maze_variants.sh
 # SET=first with PLAN=5x5:230:150:48 LIMIT=440 made benchmarks/results/maze_curriculum_h100/variants_5x5
 # (sft.rows_per_step=32, micro_batch_size=16 then); SET=tile (the default) with PLAN=5x5:390:120:12 LIMIT=565
 # made benchmarks/results/maze_curriculum_h100/tile_5x5 (at b420c5d, where the recipe drew 28 px tiles).
 set -uo pipefail
 source benchmarks/device/env.sh
 python3 -c "from vlrl.models.build import cached_model_dir as c; from vlrl.envs.maze_curriculum import \
-small_checkpoint as s; print(c('qwen2_5_vl', 'tiny'), s())" || exit 1
+start_checkpoint as s; print(c('qwen2_5_vl', 'tiny'), s(), s('qwen2_5_vl', 'tiny', 'fan_in'), \
+s('qwen2_5_vl', 'small', 'fan_in'), s('qwen3_vl', 'tiny', 'fan_in'))" || exit 1
 plan=${PLAN:-5x5:390:120:12}
 noise0='data.extras={"expert_noise":0.0}'
 small="--model small --set sft.lr=1e-3"
 declare -A V
-if [ "${SET:-tile}" = tile ]; then  # 28 px tiles against VisGym's 25 px (the recipe's), detours masked
+if [ "${SET:-tile}" = fan_in ]; then  # fan-in init, SFT on first turns first (README "Maze curriculum")
+  common="--init fan_in --first-turns ${FIRST:-120} --sft-warmup 10 --set sft.lr=1e-3 --mask-detours"
+  V=([tiny_rl1e-4]="$common --model tiny --set optim.lr=1e-4"
+     [tiny_rl3e-5]="$common --model tiny --set optim.lr=3e-5"
+     [small_rl1e-4]="$common --model small --set optim.lr=1e-4"
+     [tiny_q3_rl1e-4]="$common --model tiny --set model.arch=qwen3_vl --set optim.lr=1e-4")
+elif [ "${SET}" = tile ]; then  # 28 px tiles against VisGym's 25 px (the recipe's), detours masked
   common="$small --set optim.lr=1e-4 --sft-scale vision=10 --sft-scale merger=10 --mask-detours"
   V=([tile28]="$common --set data.extras={\"expert_noise\":0.15,\"tile\":28}"
      [tile25]="$common --set data.extras={\"expert_noise\":0.15,\"tile\":25}")

@@ -36,3 +36,13 @@ def test_the_small_model_is_built_in_the_levels_arch(tmp_path):
     assert json.loads((path / "vlrl_model.json").read_text())["arch"] == "qwen3_vl"
     assert start_weights(plan, tmp_path, "/given") == "/given"
     assert start_weights(LevelPlan("5x5", 0, 0), tmp_path, None) is None  # tiny: the config's named size
+
+
+def test_a_plan_with_the_fan_in_init_starts_from_its_own_random_init_checkpoint(tmp_path):
+    import json
+
+    from vlrl.envs.maze_curriculum import LevelPlan, start_weights
+
+    plan = LevelPlan("5x5", 0, 0, init="fan_in")
+    manifest = json.loads((start_weights(plan, tmp_path, None) / "vlrl_model.json").read_text())
+    assert (manifest["arch"], manifest["size"], manifest["init"]) == ("qwen2_5_vl", "maze_tiny", "fan_in")

@@ -91,3 +91,21 @@ def test_masked_detours_stay_in_the_history_and_leave_the_loss(tiny):
             n_detours += detour
         assert sum(m.loss_mask) < sum(p.loss_mask) or not any(flags)
     assert n_detours >= 3, n_detours
+
+
+def test_first_turn_rows_train_on_the_bfs_first_move_alone(tiny):
+    """The curriculum's first-turn SFT (``first_turn_row``): noisy rows cut to one turn give one-turn episodes
+    whose reply is the shortest path's first move (no room for a detour in a one-turn budget)."""
+    from vlrl.data.tickets import make_rows
+    from vlrl.envs.maze_curriculum import first_turn_row
+    from vlrl.envs.maze_sft_data import expert_episodes
+
+    rows = [first_turn_row(r) for r in make_rows("maze2d/5x5", list(range(12)), {"expert_noise": 0.9})]
+    trajs = expert_episodes(_Rollouts(tiny("qwen2_5_vl")), rows, 0, masked=False)
+    for t, row in zip(trajs, rows, strict=True):
+        env = make_maze2d("5x5", {}, row.seed)
+        env.init()
+        game = env.gym_env.unwrapped
+        first = action_text(expert_actions(game.maze_map, game.agent, game.target)[0], "keyword")
+        assert len(t.turns) == 1 and t.turns[0].text == first, (row.seed, t.turns)
+        assert sum(t.loss_mask) > 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from vlrl.cli import main
@@ -55,3 +56,24 @@ def test_2b_size_has_the_benchmark_shape(arch):
     )
     assert v.depth == 32
     assert 2.0e9 < n < 2.5e9, n
+
+
+def test_fan_in_init_draws_each_matrix_at_its_fan_in_and_keeps_the_embeddings():
+    """``fan_in``: N(0, 1/fan_in) per matrix (a [64, 64] projection at 1/8, the vision patch embedding at
+    1/sqrt(3·2·14·14)), the token embedding at the size's std, 1-D parameters untouched; per-seed deterministic."""
+    from vlrl.models.build import build_model, init_weights_
+
+    model = build_model("qwen2_5_vl", "tiny", seed=0)
+    init_weights_(model, 3, 0.02, "fan_in")
+    p = dict(model.named_parameters())
+    patch = p["model.visual.patch_embed.proj.weight"]
+    assert patch[0].numel() == 1176 and abs(float(patch.std()) - 1176**-0.5) < 0.05 * 1176**-0.5
+    q = p["model.language_model.layers.0.self_attn.q_proj.weight"]
+    assert q.shape[1] == 64 and abs(float(q.std()) - 0.125) < 0.01
+    assert abs(float(p["model.language_model.embed_tokens.weight"].std()) - 0.02) < 1e-3
+    assert all(torch.all(w == 1) for n, w in p.items() if n.endswith("norm.weight"))
+    again = build_model("qwen2_5_vl", "tiny", seed=0)
+    init_weights_(again, 3, 0.02, "fan_in")
+    assert all(torch.equal(w, dict(again.named_parameters())[n]) for n, w in p.items())
+    with pytest.raises(ValueError, match="unknown init scheme 'xavier'"):
+        init_weights_(again, 3, 0.02, "xavier")  # type: ignore[arg-type]

@@ -24,7 +24,10 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from vlrl.models.build import InitScheme
 
 EVAL_SEED = 10_000_019
 """The eval rollouts' sampling seed (greedy anyway), the one ``Run.evaluate`` uses."""
@@ -53,11 +56,18 @@ class LevelPlan:
     model: Literal["tiny", "small"] = "tiny"
     """The random-init model of the first level: vlrl's ``tiny`` or :data:`SMALL` (later levels continue
     from the weights the previous one ended with)."""
+    init: InitScheme = "normal"
+    """How that random-init model's weights are drawn (:data:`vlrl.models.build.InitScheme`): ``fan_in`` keeps
+    the image's signal through the narrow models' layers (``normal``'s std 0.02 shrinks it ~6x per matrix)."""
     eval_before: bool = False
     """Evaluate the starting weights too (0 % at random init: skipped to save the budget)."""
     sft_warmup: float = 0.0
     """Seconds over which the SFT lr ramps up linearly from 0 (then the linear decay): the format tokens are
     learned in the first ~50 steps, and at full lr the model learns to ignore the image meanwhile."""
+    first_turns: float = 0.0
+    """Seconds of SFT on the expert's first turns alone (each row cut to one turn: the first move) before whole
+    episodes: a first move is decided by the image alone, where in a whole episode the later moves follow from the
+    history and outweigh it in the loss."""
 
 
 @dataclass(frozen=True)
@@ -130,9 +140,12 @@ whole frame: a 140 px frame (5x5 at 28 px tiles, 5 x 5 merged tokens) would othe
 and transformers runs SDPA once per window outside flash attention (4x the kernel launches per image)."""
 
 
-def small_checkpoint(arch: str = "qwen2_5_vl", seed: int = 0) -> Path:
-    """The random-init :data:`SMALL` checkpoint (tiny's tokenizer and image processor), built once into the
-    vlrl cache the way ``vlrl.models.build`` builds the named sizes (weights drawn per parameter name)."""
+def start_checkpoint(
+    arch: str = "qwen2_5_vl", model: str = "small", init: InitScheme = "normal", seed: int = 0
+) -> Path:
+    """The random-init ``model`` (``tiny`` or :data:`SMALL`, with tiny's tokenizer and image processor) drawn by
+    the ``init`` scheme (:data:`vlrl.models.build.InitScheme`), built once into the vlrl cache the way
+    ``vlrl.models.build`` builds the named sizes (weights drawn per parameter name)."""
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText, GenerationConfig
 
@@ -140,26 +153,31 @@ def small_checkpoint(arch: str = "qwen2_5_vl", seed: int = 0) -> Path:
     from vlrl.models.build import build_processor, default_cache_root, init_weights_
     from vlrl.models.tokenizer import MODEL_VOCAB_SIZE, special_tokens
 
-    path = default_cache_root() / "models" / f"{arch}-maze_small-w{SMALL_WINDOW}-seed{seed}"
+    if model not in ("tiny", "small"):
+        raise ValueError(f"unknown curriculum model {model!r}; expected 'tiny' or 'small'")
+    name = f"{arch}-maze_{model}" + (f"-w{SMALL_WINDOW}" if model == "small" else "")
+    path = default_cache_root() / "models" / (name + ("-fan_in" if init == "fan_in" else "") + f"-seed{seed}")
     if (path / "vlrl_model.json").exists():
         return path
-    size = dataclasses.replace(SIZES["tiny"], **SMALL)
+    size = dataclasses.replace(SIZES["tiny"], **(SMALL if model == "small" else {}))
     ids = special_tokens(arch)
     torch.manual_seed(seed)
     config = config_dict(arch, size, MODEL_VOCAB_SIZE, ids)
-    if arch == "qwen2_5_vl":
+    if arch == "qwen2_5_vl" and model == "small":
         config["vision_config"]["window_size"] = SMALL_WINDOW
-    model = AutoModelForImageTextToText.from_config(AutoConfig.for_model(**config), dtype=torch.float32)
-    init_weights_(model, seed, size.init_std)
-    model.tie_weights()
-    model.generation_config = GenerationConfig(
+    net = AutoModelForImageTextToText.from_config(AutoConfig.for_model(**config), dtype=torch.float32)
+    init_weights_(net, seed, size.init_std, init)
+    net.tie_weights()
+    net.generation_config = GenerationConfig(
         eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]], pad_token_id=ids["<|endoftext|>"], do_sample=False
     )
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")  # written aside, then renamed: never half-built
-    model.save_pretrained(tmp)
+    net.save_pretrained(tmp)
     build_processor(arch, "tiny").save_pretrained(tmp)
-    n_params = sum(p.numel() for p in model.parameters())
-    manifest = {"arch": arch, "size": "maze_small", "window": SMALL_WINDOW, "seed": seed, "n_params": n_params}
+    n_params = sum(p.numel() for p in net.parameters())
+    manifest = {"arch": arch, "size": f"maze_{model}", "init": init, "seed": seed, "n_params": n_params}
+    if model == "small":
+        manifest["window"] = SMALL_WINDOW
     manifest["builder"] = __name__
     (tmp / "vlrl_model.json").write_text(json.dumps(manifest) + "\n")
     if (path / "vlrl_model.json").exists():  # another process built it meanwhile
@@ -168,6 +186,11 @@ def small_checkpoint(arch: str = "qwen2_5_vl", seed: int = 0) -> Path:
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
     return path
+
+
+def small_checkpoint(arch: str = "qwen2_5_vl", seed: int = 0) -> Path:
+    """The random-init :data:`SMALL` checkpoint with the named sizes' N(0, 0.02) init (the runs of 2026-11-23/24)."""
+    return start_checkpoint(arch, "small", "normal", seed)
 
 
 def level_config(plan: LevelPlan, out: str | Path, model_path: str | Path | None = None):
@@ -230,7 +253,7 @@ def sft_lr_factor(elapsed: float, budget: float, warmup: float = 0.0, step_secon
 
 
 def sft_phase(
-    run, deadline: float, pool: int, lr_scale=(), mask_detours: bool = False, warmup: float = 0.0
+    run, deadline: float, pool: int, lr_scale=(), mask_detours: bool = False, warmup: float = 0.0, first_turns=0.0
 ) -> tuple[int, int]:
     """SFT steps (cross-entropy on expert episodes, its own AdamW, as ``vlrl.train.loop.sft``) until
     ``deadline``; the engine gets the weights at the end. Returns (steps, episodes generated).
@@ -239,9 +262,11 @@ def sft_phase(
     conversation) costs far more than an update of the tiny model, so the first ``pool`` steps each roll
     out a fresh batch and keep it; later steps cycle over the kept batches (epochs over a fixed set of
     ``pool * sft.rows_per_step`` demonstrations). A step starts only while the last step's time still fits.
-    The learning rate (``sft.lr`` times the group's factor in ``lr_scale``) decays linearly with the clock
-    to 10 % at the deadline, after a linear ramp from 0 over the first ``warmup`` seconds. ``mask_detours``:
-    the recovery expert's detour turns stay in the history but out of the loss (:mod:`vlrl.envs.maze_sft_data`).
+    For the first ``first_turns`` seconds the rows are cut to their first turn (:func:`first_turn_row`; a pool
+    of their own). The learning rate (``sft.lr`` times the group's factor in ``lr_scale``) decays linearly with
+    the clock to 10 % at the deadline, after a linear ramp from 0 over the first ``warmup`` seconds.
+    ``mask_detours``: the recovery expert's detour turns stay in the history but out of the loss
+    (:mod:`vlrl.envs.maze_sft_data`).
     """
     from vlrl.envs.maze_sft_data import expert_episodes
     from vlrl.train.loop import require_batch
@@ -251,26 +276,37 @@ def sft_phase(
     optim = dataclasses.replace(cfg.optim, lr=cfg.sft.lr, lr_scale=dict(lr_scale))
     trainer = Trainer(run.model, cfg.algo, optim)  # lr=None: per-group rates from optim.lr_scale
     base = [g["lr"] for g in trainer.optimizer.param_groups]
-    batches: list = []
+    pools: dict[bool, list] = {True: [], False: []}  # first turns only / whole episodes
     k, last, t0 = 0, 0.0, time.time()
     while k < cfg.sft.steps and time.time() + last < deadline:
         t = time.time()
         decay = sft_lr_factor(t - t0, deadline - t0, warmup, last)
         for group, lr in zip(trainer.optimizer.param_groups, base, strict=True):
             group["lr"] = lr * decay
-        if len(batches) < max(1, pool):
-            trajs = expert_episodes(run, run.next_rows(cfg.sft.rows_per_step), k, masked=mask_detours)
-            batches.append(require_batch(run, trajs, f"SFT step {k + 1}"))
-            batch = batches[-1]
+        first = t - t0 < first_turns
+        kept = pools[first]
+        if len(kept) < max(1, pool):
+            rows = run.next_rows(cfg.sft.rows_per_step)
+            rows = [first_turn_row(r) for r in rows] if first else rows
+            trajs = expert_episodes(run, rows, k, masked=mask_detours and not first)
+            kept.append(require_batch(run, trajs, f"SFT step {k + 1}"))
+            batch = kept[-1]
         else:
-            batch = batches[k % len(batches)]
+            batch = kept[k % len(kept)]
         values = run.sft_update(trainer, batch)
         k += 1
         run.state.sft_step = k
-        run.log.metrics(k, "sft", values | {"sft_episodes": len(batches) * cfg.sft.rows_per_step, "lr_factor": decay})
+        episodes = len(pools[False]) * cfg.sft.rows_per_step
+        run.log.metrics(k, "sft", values | {"sft_episodes": episodes, "first_turns": float(first), "lr_factor": decay})
         last = time.time() - t
     run.sync_weights()
-    return k, len(batches) * cfg.sft.rows_per_step
+    return k, (len(pools[False]) + len(pools[True])) * cfg.sft.rows_per_step
+
+
+def first_turn_row(row):
+    """``row`` (an ``EnvRow``) cut to its first turn (``max_turns`` 1): the expert plays the shortest path's first
+    move (a one-turn budget leaves no room for a detour and the way back)."""
+    return dataclasses.replace(row, extras={**row.extras, "max_turns": 1})
 
 
 def rl_phase(run, plan: LevelPlan, deadline: float, evals: list[EvalResult], eval_seconds: float) -> int:
@@ -301,10 +337,11 @@ def save_weights(run, dest: Path) -> Path:
 
 
 def start_weights(plan: LevelPlan, out: str | Path, model_path: str | Path | None) -> str | Path | None:
-    """Where the level starts: ``model_path``, else the random-init small model of the level's ``model.arch``
-    (``plan.model == "small"``), else None (the config's named size)."""
-    if model_path is None and plan.model == "small":
-        return small_checkpoint(level_config(plan, out).model.arch)
+    """Where the level starts: ``model_path``, else the random-init model of the plan (``plan.model`` drawn by
+    ``plan.init``) in the level's ``model.arch``; None (the config's named size) for ``tiny`` with the named
+    sizes' init."""
+    if model_path is None and (plan.model, plan.init) != ("tiny", "normal"):
+        return start_checkpoint(level_config(plan, out).model.arch, plan.model, plan.init)
     return model_path
 
 
@@ -325,7 +362,15 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
         if plan.eval_before:
             evals.append(evaluate(run, 0, "before"))
         sft_steps, episodes = (
-            sft_phase(run, t0 + plan.sft_seconds, plan.sft_pool, plan.sft_lr_scale, plan.mask_detours, plan.sft_warmup)
+            sft_phase(
+                run,
+                t0 + plan.sft_seconds,
+                plan.sft_pool,
+                plan.sft_lr_scale,
+                plan.mask_detours,
+                plan.sft_warmup,
+                plan.first_turns,
+            )
             if cfg.sft.steps
             else (0, 0)
         )
@@ -349,6 +394,8 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
             _config_row(cfg)
             | {
                 "model": plan.model,
+                "init": plan.init,
+                "first_turns": plan.first_turns,
                 "n_params": sum(p.numel() for p in run.model.parameters()),
                 "sft_lr_scale": dict(plan.sft_lr_scale),
                 "mask_detours": plan.mask_detours,

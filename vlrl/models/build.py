@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Literal
 
 from vlrl.models.archs import ARCHS, SIZES, config_dict, image_processor_kwargs
 from vlrl.models.chat_template import chat_template
@@ -64,18 +65,36 @@ def build_processor(arch: str, size: str):
     )
 
 
-def init_weights_(model, seed: int, std: float) -> None:
-    """Re-draw every ≥2-D parameter from N(0, std) with a generator per (seed, name); 1-D parameters
-    keep transformers' init (norm weights 1, biases 0), which is deterministic."""
+InitScheme = Literal["normal", "fan_in"]
+"""How :func:`init_weights_` draws the weight matrices: ``normal`` N(0, std) everywhere (the named sizes, as
+transformers' ``initializer_range``); ``fan_in`` N(0, 1 / fan_in) for every matrix but the embedding tables (token
+and vision position embeddings keep N(0, std)), so each layer keeps its input's scale whatever the width."""
+
+_EMBEDDING_TABLES = ("embed_tokens.weight", "pos_embed.weight", "lm_head.weight")
+
+
+def init_weights_(model, seed: int, std: float, scheme: InitScheme = "normal") -> None:
+    """Re-draw every ≥2-D parameter with a generator per (seed, name) (``scheme``: see :data:`InitScheme`);
+    1-D parameters keep transformers' init (norm weights 1, biases 0), which is deterministic.
+
+    Why ``fan_in`` exists: std 0.02 suits widths near 2,500 (1 / sqrt(2500)); at vlrl's ``tiny`` width of 64 each
+    matrix scales its input by about 0.02 * sqrt(64) = 0.16, so an image's signal (and its gradient) shrinks by
+    that factor at every matrix between the pixels and the answer — a random-init tiny policy trained on mazes
+    left its vision tower's gradient at 1e-6 and never read the walls (README, "Maze curriculum")."""
     import torch
 
+    if scheme not in ("normal", "fan_in"):
+        raise ValueError(f"unknown init scheme {scheme!r}; expected 'normal' or 'fan_in'")
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.ndim < 2:
                 continue
             digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
             gen = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest[:8], "little"))
-            values = torch.randn(param.shape, generator=gen, dtype=torch.float32) * std
+            scale = std
+            if scheme == "fan_in" and not name.endswith(_EMBEDDING_TABLES):
+                scale = param[0].numel() ** -0.5  # [out, in, *kernel]: fan-in = in * kernel
+            values = torch.randn(param.shape, generator=gen, dtype=torch.float32) * scale
             param.copy_(values.to(param.dtype))
 
 
