@@ -17,10 +17,9 @@ small="--model small --set sft.lr=1e-3"
 declare -A V
 if [ "${SET:-tile}" = fan_in ]; then  # fan-in init, SFT on first turns first (README "Maze curriculum")
   common="--init fan_in --first-turns ${FIRST:-120} --sft-warmup 10 --set sft.lr=1e-3 --mask-detours"
-  V=([tiny_rl1e-4]="$common --model tiny --set optim.lr=1e-4"
-     [tiny_rl3e-5]="$common --model tiny --set optim.lr=3e-5"
-     [small_rl1e-4]="$common --model small --set optim.lr=1e-4"
-     [tiny_q3_rl1e-4]="$common --model tiny --set model.arch=qwen3_vl --set optim.lr=1e-4")
+  V=([tiny]="$common --model tiny --set optim.lr=1e-4"
+     [small]="$common --model small --set optim.lr=1e-4"
+     [tiny_q3]="$common --model tiny --set model.arch=qwen3_vl --set optim.lr=1e-4")
 elif [ "${SET}" = tile ]; then  # 28 px tiles against VisGym's 25 px (the recipe's), detours masked
   common="$small --set optim.lr=1e-4 --sft-scale vision=10 --sft-scale merger=10 --mask-detours"
   V=([tile28]="$common --set data.extras={\"expert_noise\":0.15,\"tile\":28}"

@@ -1,0 +1,127 @@
+"""Does a random-init policy learn a maze's first move from its first frame, trained as SFT trains it?
+
+    python benchmarks/maze_reply_probe.py [--arch qwen2_5_vl] [--model tiny|small] [--init normal|fan_in]
+        [--level 5x5] [--tile 25] [--steps 400] [--batch 32] [--lr 1e-3] [--every 50]
+        [--out benchmarks/results/maze_reply_probe_cpu.json]
+
+The supervised probe of ``maze_perception.py`` reads its answers through four digit rows; this one trains what the
+curriculum's SFT trains: the maze prompt (``maze_prompt``, keyword mode) with the first frame, and the expert's
+reply ``<action>DIR</action><|im_end|>`` teacher-forced, cross-entropy over the whole vocabulary averaged over the
+reply's tokens (token mean, as ``Trainer.sft_step``), AdamW, grad-norm clip 1. Every ``--every`` steps: the loss,
+the direction token's cross-entropy (ln 4 = 1.386 is a uniform guess among the four moves) and held-out accuracy
+(argmax over the vocabulary at the direction's position), and the vision tower's gradient norm. Mazes: seeds
+0..255 for training, 10**6.. for held-out (a 5x5 level has 16 distinct first frames). Appends the run to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+DIRECTION = 3
+"""The direction's position in the reply's tokens: '<', 'action', '>', DIR, '</', 'action', '>', <|im_end|>."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", default="qwen2_5_vl", choices=["qwen2_5_vl", "qwen3_vl", "qwen2_vl"])
+    ap.add_argument("--model", default="tiny", choices=["tiny", "small"])
+    ap.add_argument("--init", default="normal", choices=["normal", "fan_in"])
+    ap.add_argument("--level", default="5x5")
+    ap.add_argument("--tile", type=int, default=25)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--every", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="benchmarks/results/maze_reply_probe_cpu.json")
+    args = ap.parse_args(argv)
+
+    import torch
+    from maze_perception import encode, make_data
+
+    from vlrl.envs.maze_curriculum import start_checkpoint
+    from vlrl.envs.maze_text import LEVELS, action_text, maze_prompt
+    from vlrl.models.build import cached_model_dir
+
+    from transformers import AutoModelForImageTextToText, AutoProcessor  # isort: skip (after vlrl's guard)
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    t0 = time.time()
+    fresh = args.model == "tiny" and args.init == "normal"
+    path = cached_model_dir(args.arch, "tiny") if fresh else start_checkpoint(args.arch, args.model, args.init)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).train()
+    processor = AutoProcessor.from_pretrained(path)
+    size = LEVELS[args.level]["size"]
+    prompt = maze_prompt(size, size, "keyword")
+
+    def encoded(seeds: range) -> tuple[dict, int]:
+        data = make_data(args.level, args.tile, seeds)
+        replies = [action_text(m, "keyword") + "<|im_end|>" for m in data["move"]]
+        return encode(processor, data["frames"], prompt, replies), len(set(f.tobytes() for f in data["frames"]))
+
+    (train, distinct), (held, _) = encoded(range(256)), encoded(range(10**6, 10**6 + 64))
+    n_reply = len(processor.tokenizer.encode(action_text(0, "keyword") + "<|im_end|>", add_special_tokens=False))
+    per_img = train["pixel_values"].shape[0] // 256
+    vision = model.model.visual
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+
+    def reply_ce(enc, idx) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[B, n_reply]`` cross-entropies of the reply's tokens, and the ``[B]`` argmax at the direction."""
+        pixels = enc["pixel_values"].view(-1, per_img, enc["pixel_values"].shape[-1])[idx].flatten(0, 1)
+        ids = enc["input_ids"][idx]
+        out = model.model(
+            input_ids=ids,
+            attention_mask=enc["attention_mask"][idx],
+            pixel_values=pixels,
+            image_grid_thw=enc["image_grid_thw"][idx],
+        )
+        logits = out.last_hidden_state[:, -n_reply - 1 : -1] @ model.get_output_embeddings().weight.T
+        ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, -n_reply:], reduction="none")
+        return ce, logits[:, DIRECTION].argmax(-1) == ids[:, -n_reply + DIRECTION]
+
+    gen = torch.Generator().manual_seed(0)
+    curve = []
+    for step in range(1, args.steps + 1):
+        idx = torch.randint(0, 256, (args.batch,), generator=gen)
+        ce, _ = reply_ce(train, idx)
+        opt.zero_grad(set_to_none=True)
+        ce.mean().backward()
+        vgrad = torch.sqrt(sum(p.grad.pow(2).sum() for p in vision.parameters() if p.grad is not None))
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % args.every == 0 or step == 1:
+            with torch.no_grad():
+                _, right = reply_ce(held, torch.arange(64))
+            point = {
+                "step": step,
+                "loss": round(float(ce.mean()), 4),
+                "direction_ce": round(float(ce[:, DIRECTION].mean()), 4),
+            }
+            point |= {"heldout_direction_acc": round(float(right.float().mean()), 4), "vision_grad_norm": float(vgrad)}
+            curve.append(point)
+            print(json.dumps(point), flush=True)
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    argv_text = " ".join(argv if argv is not None else sys.argv[1:])
+    run = {"command": f"python benchmarks/maze_reply_probe.py {argv_text}".strip(), **vars(args)}
+    run |= {"distinct_train_frames": distinct, "final": curve[-1], "curve": curve, "wall_s": round(time.time() - t0, 1)}
+    run["commit"] = commit
+    out = Path(args.out)
+    data = json.loads(out.read_text()) if out.exists() else {"what": __doc__.strip().splitlines()[0], "runs": []}
+    data["runs"].append(run)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
