@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
         path = cached_model_dir(args.arch, "tiny")
     else:
-        from vlrl.envs.maze_curriculum import start_checkpoint
+        from vlrl.envs.maze_models import start_checkpoint
 
         path = start_checkpoint(args.arch, args.model, args.init)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).train()

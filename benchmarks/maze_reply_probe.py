@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from maze_perception import encode, make_data
 
-    from vlrl.envs.maze_curriculum import start_checkpoint
+    from vlrl.envs.maze_models import start_checkpoint
     from vlrl.envs.maze_text import LEVELS, action_text, maze_prompt
     from vlrl.models.build import cached_model_dir
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from vlrl.envs.maze_curriculum import LevelPlan, level_config, small_checkpoint
+from vlrl.envs.maze_curriculum import LevelPlan, level_config
+from vlrl.envs.maze_models import start_checkpoint
 
 
 def _timed(fn) -> float:
@@ -44,7 +45,7 @@ def measure(tile: int, micro: int, rows: int, sets: list[str], repeats: int) -> 
 
     extras = f'data.extras={{"expert_noise":0.15,"tile":{tile}}}'
     plan = LevelPlan("5x5", 0, 0, overrides=(extras, f"optim.micro_batch_size={micro}", *sets))
-    run = Run(level_config(plan, f"/tmp/maze_step_profile/{tile}_{micro}", small_checkpoint()))
+    run = Run(level_config(plan, f"/tmp/maze_step_profile/{tile}_{micro}", start_checkpoint()))
     try:
         trajs: list = []
         gen = _timed(lambda: trajs.extend(expert_episodes(run, run.next_rows(rows), 0, masked=True)))

@@ -28,7 +28,7 @@ def size_of(name: str):
     from vlrl.models.archs import SIZES
 
     if name == "small":
-        from vlrl.envs.maze_curriculum import SMALL
+        from vlrl.envs.maze_models import SMALL
 
         return dataclasses.replace(SIZES["tiny"], **SMALL)
     return SIZES[name]

@@ -8,7 +8,7 @@
 # made benchmarks/results/maze_curriculum_h100/tile_5x5 (at b420c5d, where the recipe drew 28 px tiles).
 set -uo pipefail
 source benchmarks/device/env.sh
-python3 -c "from vlrl.models.build import cached_model_dir as c; from vlrl.envs.maze_curriculum import \
+python3 -c "from vlrl.models.build import cached_model_dir as c; from vlrl.envs.maze_models import \
 start_checkpoint as s; print(c('qwen2_5_vl', 'tiny'), s(), s('qwen2_5_vl', 'tiny', 'fan_in'), \
 s('qwen2_5_vl', 'small', 'fan_in'), s('qwen3_vl', 'tiny', 'fan_in'))" || exit 1
 plan=${PLAN:-5x5:390:120:12}

@@ -19,14 +19,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from vlrl.envs.maze_models import CurriculumModel
     from vlrl.models.build import InitScheme
 
 EVAL_SEED = 10_000_019
@@ -53,9 +53,9 @@ class LevelPlan:
     """SFT learning rate per module group as a factor of ``sft.lr`` (e.g. ``(("vision", 10.0),)``)."""
     mask_detours: bool = False
     """Keep the recovery expert's detour turns out of the SFT loss (see :mod:`vlrl.envs.maze_sft_data`)."""
-    model: Literal["tiny", "small"] = "tiny"
-    """The random-init model of the first level: vlrl's ``tiny`` or :data:`SMALL` (later levels continue
-    from the weights the previous one ended with)."""
+    model: CurriculumModel = "tiny"
+    """The random-init model of the first level: vlrl's ``tiny`` or :data:`vlrl.envs.maze_models.SMALL` (later
+    levels continue from the weights the previous one ended with)."""
     init: InitScheme = "normal"
     """How that random-init model's weights are drawn (:data:`vlrl.models.build.InitScheme`): ``fan_in`` keeps
     the image's signal through the narrow models' layers (``normal``'s std 0.02 shrinks it ~6x per matrix)."""
@@ -116,81 +116,6 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return max(0.0, centre - half), min(1.0, centre + half)
-
-
-SMALL: dict[str, Any] = {
-    "hidden": 256,
-    "intermediate": 768,
-    "layers": 4,
-    "heads": 4,
-    "kv_heads": 2,
-    "vision_depth": 4,
-    "vision_hidden": 128,
-    "vision_intermediate": 384,
-    "vision_heads": 4,
-}
-"""A size between ``tiny`` (hidden 64, 2 layers, 2-block vision tower of width 64) and ``2b``, kept here
-rather than in ``vlrl.models.archs.SIZES`` (the config's ``model.size`` choices and their goldens stay as
-they are): runs use it through ``model.path``."""
-
-SMALL_WINDOW = 224
-"""The small model's vision window in px (vlrl's sizes use Qwen2.5-VL's 112). Every maze frame fits one
-224 px window after the processor's resize (at most 224 x 224 px), so the windowed blocks attend over the
-whole frame: a 140 px frame (5x5 at 28 px tiles, 5 x 5 merged tokens) would otherwise split into 4 windows,
-and transformers runs SDPA once per window outside flash attention (4x the kernel launches per image)."""
-
-
-def start_checkpoint(
-    arch: str = "qwen2_5_vl", model: str = "small", init: InitScheme = "normal", seed: int = 0
-) -> Path:
-    """The random-init ``model`` (``tiny`` or :data:`SMALL`, with tiny's tokenizer and image processor) drawn by
-    the ``init`` scheme (:data:`vlrl.models.build.InitScheme`), built once into the vlrl cache the way
-    ``vlrl.models.build`` builds the named sizes (weights drawn per parameter name)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForImageTextToText, GenerationConfig
-
-    from vlrl.models.archs import SIZES, config_dict
-    from vlrl.models.build import build_processor, default_cache_root, init_weights_
-    from vlrl.models.tokenizer import MODEL_VOCAB_SIZE, special_tokens
-
-    if model not in ("tiny", "small"):
-        raise ValueError(f"unknown curriculum model {model!r}; expected 'tiny' or 'small'")
-    name = f"{arch}-maze_{model}" + (f"-w{SMALL_WINDOW}" if model == "small" else "")
-    path = default_cache_root() / "models" / (name + ("-fan_in" if init == "fan_in" else "") + f"-seed{seed}")
-    if (path / "vlrl_model.json").exists():
-        return path
-    size = dataclasses.replace(SIZES["tiny"], **(SMALL if model == "small" else {}))
-    ids = special_tokens(arch)
-    torch.manual_seed(seed)
-    config = config_dict(arch, size, MODEL_VOCAB_SIZE, ids)
-    if arch == "qwen2_5_vl" and model == "small":
-        config["vision_config"]["window_size"] = SMALL_WINDOW
-    net = AutoModelForImageTextToText.from_config(AutoConfig.for_model(**config), dtype=torch.float32)
-    init_weights_(net, seed, size.init_std, init)
-    net.tie_weights()
-    net.generation_config = GenerationConfig(
-        eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]], pad_token_id=ids["<|endoftext|>"], do_sample=False
-    )
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")  # written aside, then renamed: never half-built
-    net.save_pretrained(tmp)
-    build_processor(arch, "tiny").save_pretrained(tmp)
-    n_params = sum(p.numel() for p in net.parameters())
-    manifest = {"arch": arch, "size": f"maze_{model}", "init": init, "seed": seed, "n_params": n_params}
-    if model == "small":
-        manifest["window"] = SMALL_WINDOW
-    manifest["builder"] = __name__
-    (tmp / "vlrl_model.json").write_text(json.dumps(manifest) + "\n")
-    if (path / "vlrl_model.json").exists():  # another process built it meanwhile
-        shutil.rmtree(tmp)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
-        tmp.rename(path)
-    return path
-
-
-def small_checkpoint(arch: str = "qwen2_5_vl", seed: int = 0) -> Path:
-    """The random-init :data:`SMALL` checkpoint with the named sizes' N(0, 0.02) init (the runs of 2026-11-23/24)."""
-    return start_checkpoint(arch, "small", "normal", seed)
 
 
 def level_config(plan: LevelPlan, out: str | Path, model_path: str | Path | None = None):
@@ -340,6 +265,8 @@ def start_weights(plan: LevelPlan, out: str | Path, model_path: str | Path | Non
     """Where the level starts: ``model_path``, else the random-init model of the plan (``plan.model`` drawn by
     ``plan.init``) in the level's ``model.arch``; None (the config's named size) for ``tiny`` with the named
     sizes' init."""
+    from vlrl.envs.maze_models import start_checkpoint
+
     if model_path is None and (plan.model, plan.init) != ("tiny", "normal"):
         return start_checkpoint(level_config(plan, out).model.arch, plan.model, plan.init)
     return model_path

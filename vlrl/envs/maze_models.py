@@ -1,0 +1,88 @@
+"""The maze curriculum's random-init models: vlrl's ``tiny`` size or :data:`SMALL`, drawn by either init scheme
+(:data:`vlrl.models.build.InitScheme`), built once into the vlrl cache beside the named sizes.
+
+torch and transformers are imported inside :func:`start_checkpoint`: importing this module stays light.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from vlrl.models.build import InitScheme
+
+CurriculumModel = Literal["tiny", "small"]
+
+SMALL: dict[str, Any] = {
+    "hidden": 256,
+    "intermediate": 768,
+    "layers": 4,
+    "heads": 4,
+    "kv_heads": 2,
+    "vision_depth": 4,
+    "vision_hidden": 128,
+    "vision_intermediate": 384,
+    "vision_heads": 4,
+}
+"""A size between ``tiny`` (hidden 64, 2 layers, 2-block vision tower of width 64) and ``2b``, kept here
+rather than in ``vlrl.models.archs.SIZES`` (the config's ``model.size`` choices and their goldens stay as
+they are): runs use it through ``model.path``."""
+
+SMALL_WINDOW = 224
+"""The small model's vision window in px (vlrl's sizes use Qwen2.5-VL's 112). Every maze frame fits one
+224 px window after the processor's resize (at most 224 x 224 px), so the windowed blocks attend over the
+whole frame: a 140 px frame (5x5 at 28 px tiles, 5 x 5 merged tokens) would otherwise split into 4 windows,
+and transformers runs SDPA once per window outside flash attention (4x the kernel launches per image)."""
+
+
+def start_checkpoint(
+    arch: str = "qwen2_5_vl", model: CurriculumModel = "small", init: InitScheme = "normal", seed: int = 0
+) -> Path:
+    """The random-init ``model`` (``tiny`` or :data:`SMALL`, with tiny's tokenizer and image processor) drawn by
+    the ``init`` scheme (:data:`vlrl.models.build.InitScheme`), built once into the vlrl cache the way
+    ``vlrl.models.build`` builds the named sizes (weights drawn per parameter name)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText, GenerationConfig
+
+    from vlrl.models.archs import SIZES, config_dict
+    from vlrl.models.build import build_processor, default_cache_root, init_weights_
+    from vlrl.models.tokenizer import MODEL_VOCAB_SIZE, special_tokens
+
+    if model not in ("tiny", "small"):
+        raise ValueError(f"unknown curriculum model {model!r}; expected 'tiny' or 'small'")
+    name = f"{arch}-maze_{model}" + (f"-w{SMALL_WINDOW}" if model == "small" else "")
+    path = default_cache_root() / "models" / (name + ("-fan_in" if init == "fan_in" else "") + f"-seed{seed}")
+    if (path / "vlrl_model.json").exists():
+        return path
+    size = dataclasses.replace(SIZES["tiny"], **(SMALL if model == "small" else {}))
+    ids = special_tokens(arch)
+    torch.manual_seed(seed)
+    config = config_dict(arch, size, MODEL_VOCAB_SIZE, ids)
+    if arch == "qwen2_5_vl" and model == "small":
+        config["vision_config"]["window_size"] = SMALL_WINDOW
+    net = AutoModelForImageTextToText.from_config(AutoConfig.for_model(**config), dtype=torch.float32)
+    init_weights_(net, seed, size.init_std, init)
+    net.tie_weights()
+    net.generation_config = GenerationConfig(
+        eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]], pad_token_id=ids["<|endoftext|>"], do_sample=False
+    )
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")  # written aside, then renamed: never half-built
+    net.save_pretrained(tmp)
+    build_processor(arch, "tiny").save_pretrained(tmp)
+    n_params = sum(p.numel() for p in net.parameters())
+    manifest = {"arch": arch, "size": f"maze_{model}", "init": init, "seed": seed, "n_params": n_params}
+    if model == "small":
+        manifest["window"] = SMALL_WINDOW
+    manifest["builder"] = __name__
+    (tmp / "vlrl_model.json").write_text(json.dumps(manifest) + "\n")
+    if (path / "vlrl_model.json").exists():  # another process built it meanwhile
+        shutil.rmtree(tmp)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+        tmp.rename(path)
+    return path
