@@ -64,7 +64,11 @@ class _Dead026(http.server.BaseHTTPRequestHandler):
         self._answer({"version": "0.26.0"} if self.path == "/version" else {"paths": paths})
 
     def do_POST(self):
-        self.rfile.read(int(self.headers.get("content-length", 0)))
+        body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
+        if "features" not in body:  # the engine's vision-token ban probe (text only): a server that applies the ban
+            banned = body["sampling_params"]["extra_args"]["vlrl_ban"]
+            self._answer({"choices": [{"index": 0, "token_ids": [8 if banned else 7], "finish_reason": "length"}]})
+            return
         choice = {"index": 0, "token_ids": [], "logprobs": {"content": []}, "finish_reason": "error"}
         self._answer({"choices": [choice]})
 
@@ -89,6 +93,32 @@ def test_a_026_cache_miss_is_an_error_that_names_it(vlrl_model_dir):
         engine.images.record(url, engine.request_body(prompt, sp))  # as if the server had been sent the image
         with pytest.raises(VllmServerError, match=rf"{GENERATE}: vLLM 0.26.0 lost an image this request named"):
             engine.generate([prompt], sp)
+    finally:
+        engine.close()
+        server.shutdown()
+
+
+class _Mute(_Dead026):
+    """A server whose every generate ends in ``error`` with no token, the ban probe's too."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self._answer({"choices": [{"index": 0, "token_ids": [], "finish_reason": "error"}]})
+
+
+def test_a_ban_probe_answered_without_a_token_is_an_error_that_names_it(vlrl_model_dir):
+    from vlrl.vllm.engine import VllmEngine
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Mute)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    engine = VllmEngine.from_pretrained(vlrl_model_dir("qwen2_5_vl"), url)
+    try:
+        prompt = RenderedPrompt((1, 2, 3), None, None, (), (), "", ())
+        with pytest.raises(
+            VllmServerError, match=r"ban probe asked for one token and got \[\] \(finish_reason 'error'\)"
+        ):
+            engine.generate([prompt], SamplingParams(max_tokens=4, seed=0))
     finally:
         engine.close()
         server.shutdown()

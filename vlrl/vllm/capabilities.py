@@ -232,7 +232,14 @@ async def check_ban(client: VllmClient, model: str, prompt_ids: list[int]) -> No
         body = {"model": model, "token_ids": prompt_ids, "sampling_params": sp, "output_mode": "tokens"}
         data = await client.post(url, GENERATE, body, what="vision-token ban probe")
         choices = require(data, "choices", list, url + GENERATE)
-        return int(require(choices[0], "token_ids", list, url + GENERATE)[0])
+        ids = require(choices[0], "token_ids", list, url + GENERATE) if choices else []
+        if len(ids) != 1 or type(ids[0]) is not int:
+            reason = choices[0].get("finish_reason") if choices and isinstance(choices[0], dict) else None
+            raise VllmServerError(
+                f"{url}{GENERATE}: the vision-token ban probe asked for one token and got {str(ids)[:80]} "
+                f"(finish_reason {reason!r})"
+            )
+        return ids[0]
 
     for url in client.live_urls() or client.urls:
         first = await token(url, [])
