@@ -14,6 +14,7 @@ from vlrl.vllm.client import GENERATE
 from vlrl.vllm.items import wire
 
 pytestmark = pytest.mark.vllm
+ARCH = "qwen2_5_vl"  # grouped with that arch's tests (pytest_vlrl.vllm): its server is started once for them all
 VOCAB = 10
 
 
