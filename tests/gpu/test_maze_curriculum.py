@@ -1,8 +1,8 @@
 """The maze curriculum on a GPU from random init (`pytest -m gpu`; skipped cleanly without CUDA).
 
-Each level is one parametrized test, trained by :mod:`vlrl.envs.maze_curriculum` under the wall-clock
-budgets of the measured runs (benchmarks/results/maze_curriculum_h100/, README "Maze curriculum"), each
-level from the weights the one before it ended with (the first from random init). Pass criteria: greedy
+Each level is one parametrized test, trained by :mod:`vlrl.envs.maze_curriculum` under wall-clock budgets that
+fit one 10-minute command (README "Maze curriculum"; earlier runs in benchmarks/results/maze_curriculum_h100/),
+each level from the weights the one before it ended with (the first from random init). Pass criteria: greedy
 success on the level's fixed seeded eval split (>= 200 mazes) reaches the level's bar, and agreement held
 (``run.agreement=stop``: a breach would have ended the run; the record is checked again here) at every
 RL step. Where GRPO was measured to add over SFT alone, the test asserts that too (the 95 % intervals of
