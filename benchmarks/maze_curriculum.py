@@ -24,8 +24,8 @@ from vlrl.envs.maze_curriculum import LevelPlan, train_level, write_results
 
 
 def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
-    """``level:sft_seconds:rl_seconds[:sft_pool]``, with the run-wide options of ``args``."""
-    level, sft, rl, *pool = text.split(":")
+    """``level:sft_seconds:rl_seconds[:sft_pool[:first_turn_seconds]]``, with the run-wide options of ``args``."""
+    level, sft, rl, *rest = text.split(":")
     scale = tuple((k, float(v)) for k, v in (item.split("=") for item in args.sft_scale))
     return LevelPlan(
         level,
@@ -37,9 +37,9 @@ def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
         model=args.model,
         init=args.init,
         mask_detours=args.mask_detours,
-        sft_pool=int(pool[0]) if pool else LevelPlan.sft_pool,
+        sft_pool=int(rest[0]) if rest else LevelPlan.sft_pool,
         sft_warmup=args.sft_warmup,
-        first_turns=args.first_turns,
+        first_turns=float(rest[1]) if len(rest) > 1 else args.first_turns,
     )
 
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument(
-        "--plan", action="append", required=True, help="level:sft_seconds:rl_seconds[:sft_pool batches] (repeatable)"
+        "--plan", action="append", required=True, help="level:sft_s:rl_s[:sft_pool[:first_turn_s]] (repeatable)"
     )
     ap.add_argument("--weights", default=None, help="model dir to start the first level from (default random init)")
     ap.add_argument("--set", action="append", default=[], help="section.key=value for every level")

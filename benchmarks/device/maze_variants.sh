@@ -2,7 +2,7 @@
 # Several maze-curriculum variants at once on the GPU host (benchmarks/maze_curriculum.py, one process each:
 # the tiny models leave the GPU mostly idle and each process renders on its own cores). Small result files
 # of every variant tarred under $OUT. Usage (device tool, from .clean, carry .clean):
-#   [SET=fan_in|tile|next|first] [PLAN=level:sft_s:rl_s:pool] LIMIT=565 bash benchmarks/device/maze_variants.sh
+#   [SET=grpo7|grpo|fan_in|tile|next|first] [PLAN=level:sft_s:rl_s:pool] LIMIT=565 bash benchmarks/device/maze_variants.sh
 # SET=first with PLAN=5x5:230:150:48 LIMIT=440 made benchmarks/results/maze_curriculum_h100/variants_5x5
 # (sft.rows_per_step=32, micro_batch_size=16 then); SET=tile (the default) with PLAN=5x5:390:120:12 LIMIT=565
 # made benchmarks/results/maze_curriculum_h100/tile_5x5 (at b420c5d, where the recipe drew 28 px tiles).
@@ -15,7 +15,17 @@ plan=${PLAN:-5x5:390:120:12}
 noise0='data.extras={"expert_noise":0.0}'
 small="--model small --set sft.lr=1e-3"
 declare -A V
-if [ "${SET:-tile}" = fan_in ]; then  # fan-in init, SFT on first turns first (README "Maze curriculum")
+if [ "${SET:-tile}" = grpo7 ]; then  # 5x5 -> 7x7 (first turns per level), GRPO at 7x7 by RL lr and SFT time
+  common="--init fan_in --sft-warmup 10 --set sft.lr=1e-3 --mask-detours --model small --plan 5x5:130:0:12:60"
+  V=([lr1e-4]="$common --plan 7x7:160:180:12:20 --set optim.lr=1e-4"
+     [lr3e-4]="$common --plan 7x7:160:180:12:20 --set optim.lr=3e-4"
+     [sft100]="$common --plan 7x7:100:240:12:20 --set optim.lr=1e-4")
+elif [ "${SET}" = grpo ]; then  # fan-in; a short SFT then a long GRPO at 5x5, and 5x5 -> 7x7 (own plans)
+  common="--init fan_in --sft-warmup 10 --set sft.lr=1e-3 --mask-detours --set optim.lr=1e-4"
+  V=([sft110]="$common --model tiny --first-turns 60 --plan 5x5:110:340:12"
+     [sft150]="$common --model tiny --first-turns 70 --plan 5x5:150:300:12"
+     [to7x7]="$common --model small --first-turns 70 --plan 5x5:170:0:12 --plan 7x7:200:40:12")
+elif [ "${SET}" = fan_in ]; then  # fan-in init, SFT on first turns first (README "Maze curriculum")
   common="--init fan_in --first-turns ${FIRST:-120} --sft-warmup 10 --set sft.lr=1e-3 --mask-detours"
   V=([tiny]="$common --model tiny --set optim.lr=1e-4"
      [small]="$common --model small --set optim.lr=1e-4"
@@ -37,7 +47,8 @@ else  # SET=next (never run): longer SFT, the vision lever with detours masked o
 fi
 threads=$((16 / ${#V[@]}))  # the host's 16 cores shared out: each process renders its own episodes
 for name in "${!V[@]}"; do
-  OMP_NUM_THREADS=$threads timeout "${LIMIT:-470}" python3 benchmarks/maze_curriculum.py --out /tmp/mv/$name --plan $plan \
+  p="--plan $plan"; [[ ${V[$name]} == *--plan* ]] && p=""  # a variant may bring its own plan
+  OMP_NUM_THREADS=$threads timeout "${LIMIT:-470}" python3 benchmarks/maze_curriculum.py --out /tmp/mv/$name $p \
     ${V[$name]} > /tmp/mv_$name.log 2>&1 &
 done
 wait
