@@ -198,7 +198,7 @@ def sft_phase(
     from vlrl.train.trainer import Trainer
 
     cfg = run.cfg
-    optim = dataclasses.replace(cfg.optim, lr=cfg.sft.lr, lr_scale=dict(lr_scale))
+    optim = dataclasses.replace(cfg.optim, lr=cfg.sft.lr, lr_scale=dict(lr_scale), warmup_steps=0)  # own clock
     trainer = Trainer(run.model, cfg.algo, optim)  # lr=None: per-group rates from optim.lr_scale
     base = [g["lr"] for g in trainer.optimizer.param_groups]
     pools: dict[bool, list] = {True: [], False: []}  # first turns only / whole episodes

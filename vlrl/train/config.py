@@ -199,9 +199,13 @@ class OptimSection:
     vlrl.train.master); model = update the bf16 weights themselves. No effect on float32 runs."""
     packing: bool = False
     """Run each micro-batch's rows packed into one unpadded sequence (vlrl.train.packing); off = padded rows."""
+    warmup_steps: int = 0
+    """The RL lr ramps linearly over the first N optimizer steps (step k at k/N of it); 0 = off. A fresh AdamW
+    moves every weight by about lr on its first steps whatever the gradient (vlrl.train.trainer.warmup_factor)."""
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.lr) and self.lr > 0, "optim.lr", self.lr, "must be > 0")
+        _check(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be >= 0 (0 = off)")
         _check(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
         _check(
             len(self.betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas),
