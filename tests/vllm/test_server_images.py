@@ -4,6 +4,7 @@ build CI runs (0.32) recovers from a miss and cannot produce it."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import threading
@@ -76,14 +77,24 @@ class _Dead026(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_026_cache_miss_is_an_error_that_names_it(vlrl_model_dir):
+@contextlib.contextmanager
+def _engine_on(handler, model_dir):
+    """A ``VllmEngine`` on a local fake server answering with ``handler``; both closed on exit."""
     from vlrl.vllm.engine import VllmEngine
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Dead026)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    engine = VllmEngine.from_pretrained(vlrl_model_dir("qwen2_5_vl"), url)
+    engine = VllmEngine.from_pretrained(model_dir, f"http://127.0.0.1:{server.server_address[1]}")
     try:
+        yield engine
+    finally:
+        engine.close()
+        server.shutdown()
+
+
+def test_a_026_cache_miss_is_an_error_that_names_it(vlrl_model_dir):
+    with _engine_on(_Dead026, vlrl_model_dir("qwen2_5_vl")) as engine:
+        url = engine.client.urls[0]
         pad = engine.image_token_id
         feature = VllmImageFeature("AAAA", None, "h1")
         prompt = RenderedPrompt((1, pad, pad, 2), None, None, (PlaceholderRange(1, 2),), ("sha",), "", (feature,))
@@ -93,9 +104,6 @@ def test_a_026_cache_miss_is_an_error_that_names_it(vlrl_model_dir):
         engine.images.record(url, engine.request_body(prompt, sp))  # as if the server had been sent the image
         with pytest.raises(VllmServerError, match=rf"{GENERATE}: vLLM 0.26.0 lost an image this request named"):
             engine.generate([prompt], sp)
-    finally:
-        engine.close()
-        server.shutdown()
 
 
 class _Mute(_Dead026):
@@ -107,18 +115,9 @@ class _Mute(_Dead026):
 
 
 def test_a_ban_probe_answered_without_a_token_is_an_error_that_names_it(vlrl_model_dir):
-    from vlrl.vllm.engine import VllmEngine
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Mute)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    engine = VllmEngine.from_pretrained(vlrl_model_dir("qwen2_5_vl"), url)
-    try:
+    with _engine_on(_Mute, vlrl_model_dir("qwen2_5_vl")) as engine:
         prompt = RenderedPrompt((1, 2, 3), None, None, (), (), "", ())
         with pytest.raises(
             VllmServerError, match=r"ban probe asked for one token and got \[\] \(finish_reason 'error'\)"
         ):
             engine.generate([prompt], SamplingParams(max_tokens=4, seed=0))
-    finally:
-        engine.close()
-        server.shutdown()
