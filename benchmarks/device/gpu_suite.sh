@@ -2,7 +2,7 @@
 # `pytest -m gpu` on the GPU host, alone, with its HTML report and per-test durations under $OUT.
 # Usage (device tool, carry .whl): bash benchmarks/device/gpu_suite.sh
 # Two gpu-marked tests need a 10-minute command each, so they run on their own: the FSDP2 test
-# (benchmarks/device/fsdp.sh) and the maze curriculum (pytest -m gpu tests/gpu/test_maze_curriculum.py).
+# (benchmarks/device/fsdp.sh) and the maze curriculum (benchmarks/device/maze_curriculum_test.sh).
 set -uo pipefail
 [ -n "${VLRL_DEVICE_ENV:-}" ] || source benchmarks/device/env.sh
 start=$SECONDS

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `pytest -m gpu tests/gpu/test_maze_curriculum.py` on the GPU host, alone, xfail markers ignored (--runxfail):
-# its HTML report, log and each level's run files (weights left out) under $OUT.
+# `pytest -m gpu tests/gpu/test_maze_curriculum.py` on the GPU host, alone (--runxfail: a level marked xfail runs as
+# a plain test): its HTML report, log and each level's run files (weights left out) under $OUT.
 # Usage (device tool, carry .whl): LIMIT=440 bash benchmarks/device/maze_curriculum_test.sh
 set -uo pipefail
 source benchmarks/device/env.sh
