@@ -33,11 +33,12 @@ def test_embedded_prompts_generate_what_the_render_route_does(vllm_stack, arch):
         ), name
 
 
-def test_an_engine_without_a_stack_reads_the_item_layout_itself(vllm_stack):
+@pytest.mark.parametrize("arch", ["qwen2_5_vl"])  # grouped with that arch's tests: its server starts once
+def test_an_engine_without_a_stack_reads_the_item_layout_itself(vllm_stack, arch):
     """A ``VllmEngine`` a user builds over running servers (no stack to set its codec) asks the server once."""
     from vlrl.vllm.engine import VllmEngine
 
-    stack = vllm_stack("qwen2_5_vl")
+    stack = vllm_stack(arch)
     engine = VllmEngine.from_pretrained(stack.engine.model_dir, stack.engine.client, model=stack.engine.model)
     assert engine.item_codec is None
     prompt = stack.renderer.render(conversations()["one_image"][0])
