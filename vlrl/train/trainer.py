@@ -239,9 +239,9 @@ def warmup_factor(taken: int, warmup_steps: int) -> float:
     """The lr factor of the optimizer step after ``taken`` steps: (taken + 1) / warmup_steps, at most 1.
 
     Why: a fresh AdamW's first update is about lr * sign(gradient) on every weight (its second-moment
-    estimate is one gradient's square), whatever the gradient's size. On the maze curriculum's RL phase
-    (H100, benchmarks/results/maze_curriculum_h100/grpo_7x7) three GRPO steps at lr 3e-4 after SFT took
-    greedy 7x7 success from 22 % to 3.5 %."""
+    estimate is one gradient's square), whatever the gradient's size. Measured on color_square after a
+    cut-short SFT (benchmarks/results/rl_after_sft_cpu.json): at lr 3e-3 the first fresh step loses the answer
+    format (greedy 0.86 -> 0.25); a warm-up delays that fall but does not prevent it: the lr itself decides."""
     return min(1.0, (taken + 1) / warmup_steps)
 
 
