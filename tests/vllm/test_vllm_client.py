@@ -99,20 +99,25 @@ def test_round_robin_and_sticky_routing():
 
 
 class _CountingHandler(http.server.BaseHTTPRequestHandler):
-    """Answers after 50 ms and records the most requests it held at once, per (server port, path)."""
+    """Records the most requests it held at once, per (server port, path). Each request is held at least 50 ms
+    and until ``WANT[path]`` of its kind have been in flight at once on its server (at most 5 s), so a loaded machine
+    still sees every request the client lets through at once, and a client that holds some back shows it."""
 
-    lock = threading.Lock()
+    WANT = {"/render": 3, "/generate": 4}
+    cond = threading.Condition()
     now: dict[tuple[int, str], int] = {}
     most: dict[tuple[int, str], int] = {}
 
     def do_POST(self):  # the name BaseHTTPRequestHandler dispatches to
         self.rfile.read(int(self.headers.get("content-length", 0)))
         key = (self.server.server_address[1], self.path)
-        with self.lock:
+        with self.cond:
             self.now[key] = self.now.get(key, 0) + 1
             self.most[key] = max(self.most.get(key, 0), self.now[key])
+            self.cond.notify_all()
         time.sleep(0.05)
-        with self.lock:
+        with self.cond:
+            self.cond.wait_for(lambda: self.most[key] >= self.WANT.get(self.path, 0), timeout=5.0)
             self.now[key] -= 1
         body = b'{"ok": 1}'
         self.send_response(200)
