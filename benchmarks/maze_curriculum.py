@@ -40,6 +40,8 @@ def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
         sft_pool=int(rest[0]) if rest else LevelPlan.sft_pool,
         sft_warmup=args.sft_warmup,
         first_turns=float(rest[1]) if len(rest) > 1 else args.first_turns,
+        sft_until=args.sft_until,
+        probe_seconds=args.probe_seconds,
     )
 
 
@@ -57,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mask-detours", action="store_true", help="the expert's detour turns out of the SFT loss")
     ap.add_argument("--sft-warmup", type=float, default=0.0, help="seconds of linear SFT lr warm-up from 0")
     ap.add_argument("--first-turns", type=float, default=0.0, help="seconds of SFT on the first turns alone first")
+    ap.add_argument("--sft-until", type=float, default=0.0, help="end SFT once probe success reaches this fraction")
+    ap.add_argument("--probe-seconds", type=float, default=10.0, help="seconds between those probes")
     ap.add_argument("--eval-every", type=int, default=0, help="also evaluate every N RL steps")
     ap.add_argument("--json", default=None, help="results file (default <out>/results.json)")
     args = ap.parse_args(argv)

@@ -68,6 +68,12 @@ class LevelPlan:
     """Seconds of SFT on the expert's first turns alone (each row cut to one turn: the first move) before whole
     episodes: a first move is decided by the image alone, where in a whole episode the later moves follow from the
     history and outweigh it in the loss."""
+    sft_until: float = 0.0
+    """End SFT early once greedy success on ``probe_rows`` training mazes reaches this fraction (probed at most
+    every ``probe_seconds`` once whole episodes train; 0: the budget runs out). A policy that solves some mazes,
+    not all, is where GRPO has a reward to work with and room above SFT (the eval split stays unseen until then)."""
+    probe_rows: int = 32
+    probe_seconds: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -177,20 +183,19 @@ def sft_lr_factor(elapsed: float, budget: float, warmup: float = 0.0, step_secon
     return factor
 
 
-def sft_phase(
-    run, deadline: float, pool: int, lr_scale=(), mask_detours: bool = False, warmup: float = 0.0, first_turns=0.0
-) -> tuple[int, int]:
+def sft_phase(run, deadline: float, plan: LevelPlan) -> tuple[int, int]:
     """SFT steps (cross-entropy on expert episodes, its own AdamW, as ``vlrl.train.loop.sft``) until
-    ``deadline``; the engine gets the weights at the end. Returns (steps, episodes generated).
+    ``deadline``, or until the probe reaches ``plan.sft_until``; the engine gets the weights at the end.
+    Returns (steps, episodes generated).
 
     The expert's episodes do not depend on the model, and generating them (rendering every turn's
-    conversation) costs far more than an update of the tiny model, so the first ``pool`` steps each roll
+    conversation) costs far more than an update of the tiny model, so the first ``plan.sft_pool`` steps each roll
     out a fresh batch and keep it; later steps cycle over the kept batches (epochs over a fixed set of
     ``pool * sft.rows_per_step`` demonstrations). A step starts only while the last step's time still fits.
-    For the first ``first_turns`` seconds the rows are cut to their first turn (:func:`first_turn_row`; a pool
-    of their own). The learning rate (``sft.lr`` times the group's factor in ``lr_scale``) decays linearly with
-    the clock to 10 % at the deadline, after a linear ramp from 0 over the first ``warmup`` seconds.
-    ``mask_detours``: the recovery expert's detour turns stay in the history but out of the loss
+    For the first ``plan.first_turns`` seconds the rows are cut to their first turn (:func:`first_turn_row`; a
+    pool of their own). The learning rate (``sft.lr`` times the group's factor in ``plan.sft_lr_scale``) decays
+    linearly with the clock to 10 % at the deadline, after a linear ramp from 0 over ``plan.sft_warmup`` seconds.
+    ``plan.mask_detours``: the recovery expert's detour turns stay in the history but out of the loss
     (:mod:`vlrl.envs.maze_sft_data`).
     """
     from vlrl.envs.maze_sft_data import expert_episodes
@@ -198,22 +203,27 @@ def sft_phase(
     from vlrl.train.trainer import Trainer
 
     cfg = run.cfg
-    optim = dataclasses.replace(cfg.optim, lr=cfg.sft.lr, lr_scale=dict(lr_scale), warmup_steps=0)  # own clock
-    trainer = Trainer(run.model, cfg.algo, optim)  # lr=None: per-group rates from optim.lr_scale
+    optim = dataclasses.replace(cfg.optim, lr=cfg.sft.lr, lr_scale=dict(plan.sft_lr_scale), warmup_steps=0)
+    trainer = Trainer(run.model, cfg.algo, optim)  # lr=None: per-group rates from optim.lr_scale (own clock)
     base = [g["lr"] for g in trainer.optimizer.param_groups]
     pools: dict[bool, list] = {True: [], False: []}  # first turns only / whole episodes
-    k, last, t0 = 0, 0.0, time.time()
+    probe = run.next_rows(plan.probe_rows) if plan.sft_until else []
+    k, last, t0, probed = 0, 0.0, time.time(), time.time()
     while k < cfg.sft.steps and time.time() + last < deadline:
         t = time.time()
-        decay = sft_lr_factor(t - t0, deadline - t0, warmup, last)
+        decay = sft_lr_factor(t - t0, deadline - t0, plan.sft_warmup, last)
         for group, lr in zip(trainer.optimizer.param_groups, base, strict=True):
             group["lr"] = lr * decay
-        first = t - t0 < first_turns
+        first = t - t0 < plan.first_turns
+        if probe and not first and t - probed >= plan.probe_seconds:
+            probed = time.time()
+            if probe_success(run, probe, k) >= plan.sft_until:
+                break
         kept = pools[first]
-        if len(kept) < max(1, pool):
+        if len(kept) < max(1, plan.sft_pool):
             rows = run.next_rows(cfg.sft.rows_per_step)
             rows = [first_turn_row(r) for r in rows] if first else rows
-            trajs = expert_episodes(run, rows, k, masked=mask_detours and not first)
+            trajs = expert_episodes(run, rows, k, masked=plan.mask_detours and not first)
             kept.append(require_batch(run, trajs, f"SFT step {k + 1}"))
             batch = kept[-1]
         else:
@@ -226,6 +236,16 @@ def sft_phase(
         last = time.time() - t
     run.sync_weights()
     return k, (len(pools[False]) + len(pools[True])) * cfg.sft.rows_per_step
+
+
+def probe_success(run, rows, step: int) -> float:
+    """Greedy success of the current weights on ``rows`` (training mazes, not the eval split), logged as a
+    ``probe`` metric at SFT ``step``."""
+    run.sync_weights()
+    trajs = run.rollout(rows, seed=EVAL_SEED, temperature=run.cfg.rollout.eval_temperature, repeats=1, shared=False)
+    success = sum(t.total_reward > 0 for t in trajs) / max(1, len(trajs))
+    run.log.metrics(step, "probe", {"probe_success": success, "probe_episodes": len(trajs)})
+    return success
 
 
 def first_turn_row(row):
@@ -289,15 +309,7 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
         if plan.eval_before:
             evals.append(evaluate(run, 0, "before"))
         sft_steps, episodes = (
-            sft_phase(
-                run,
-                t0 + plan.sft_seconds,
-                plan.sft_pool,
-                plan.sft_lr_scale,
-                plan.mask_detours,
-                plan.sft_warmup,
-                plan.first_turns,
-            )
+            sft_phase(run, t0 + plan.sft_seconds, plan)
             if cfg.sft.steps
             else (0, 0)
         )
@@ -327,6 +339,7 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
                 "sft_lr_scale": dict(plan.sft_lr_scale),
                 "mask_detours": plan.mask_detours,
                 "sft_pool": plan.sft_pool,
+                "sft_until": plan.sft_until,
             },
         )
         summary = {

@@ -1,0 +1,58 @@
+"""The maze curriculum's early SFT stop (``LevelPlan.sft_until``): SFT ends at the first probe that reaches the
+fraction, on training mazes, and the probe is a real greedy rollout of the current weights."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from vlrl.envs import maze_curriculum
+from vlrl.envs.maze_curriculum import LevelPlan, level_config, sft_phase
+
+CPU = (
+    "model.device=cpu",
+    "sft.rows_per_step=2",
+    "optim.micro_batch_size=2",
+    "data.train_rows=16",
+    "data.eval_rows=4",
+    'data.extras={"expert_noise":0.0,"max_turns":3}',
+)
+
+
+def test_sft_stops_at_the_first_probe_that_reaches_the_fraction(tmp_path, monkeypatch):
+    from vlrl.train.run import Run
+
+    real = maze_curriculum.probe_success
+    seen: list[tuple[float, int, list[int]]] = []
+
+    def probe(run, rows, step):  # the real probe, then a policy that "reaches" the fraction at the third probe
+        value = real(run, rows, step)
+        seen.append((value, step, [r.seed for r in rows]))
+        return 0.75 if len(seen) == 3 else value
+
+    monkeypatch.setattr(maze_curriculum, "probe_success", probe)
+    plan = LevelPlan("5x5", 600, 0, overrides=(*CPU, "sft.steps=6"), sft_pool=1, sft_until=0.5, probe_rows=3, probe_seconds=0.0)
+    run = Run(level_config(plan, tmp_path))
+    try:
+        steps, _ = sft_phase(run, time.time() + plan.sft_seconds, plan)
+        eval_seeds = {r.seed for r in run.eval_rows}
+    finally:
+        run.close()
+    assert steps == 2 and [s for _, s, _ in seen] == [0, 1, 2]  # a probe before each step; the third ends SFT (cap 6)
+    assert seen[0][0] == 0.0  # random init solves none of the real probe's mazes
+    assert len(seen[0][2]) == 3 and not eval_seeds & set(seen[0][2])  # training mazes, not the eval split
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["probe_episodes"] for m in metrics if m["phase"] == "probe"] == [3, 3, 3]
+
+
+def test_without_sft_until_no_probe_runs(tmp_path, monkeypatch):
+    from vlrl.train.run import Run
+
+    monkeypatch.setattr(maze_curriculum, "probe_success", lambda *a: (_ for _ in ()).throw(AssertionError("probed")))
+    plan = LevelPlan("5x5", 600, 0, overrides=(*CPU, "sft.steps=2"), sft_pool=1, probe_seconds=0.0)
+    run = Run(level_config(plan, tmp_path))
+    try:
+        steps, _ = sft_phase(run, time.time() + plan.sft_seconds, plan)
+    finally:
+        run.close()
+    assert steps == 2
