@@ -31,7 +31,9 @@ def test_sft_stops_at_the_first_probe_that_reaches_the_fraction(tmp_path, monkey
         return 0.75 if len(seen) == 3 else value
 
     monkeypatch.setattr(maze_curriculum, "probe_success", probe)
-    plan = LevelPlan("5x5", 600, 0, overrides=(*CPU, "sft.steps=6"), sft_pool=1, sft_until=0.5, probe_rows=3, probe_seconds=0.0)
+    plan = LevelPlan(
+        "5x5", 600, 0, overrides=(*CPU, "sft.steps=6"), sft_pool=1, sft_until=0.5, probe_rows=3, probe_seconds=0.0
+    )
     run = Run(level_config(plan, tmp_path))
     try:
         steps, _ = sft_phase(run, time.time() + plan.sft_seconds, plan)

@@ -308,11 +308,7 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
         evals: list[EvalResult] = []
         if plan.eval_before:
             evals.append(evaluate(run, 0, "before"))
-        sft_steps, episodes = (
-            sft_phase(run, t0 + plan.sft_seconds, plan)
-            if cfg.sft.steps
-            else (0, 0)
-        )
+        sft_steps, episodes = sft_phase(run, t0 + plan.sft_seconds, plan) if cfg.sft.steps else (0, 0)
         t_sft = time.time()
         e0 = time.time()
         evals.append(evaluate(run, 0, "after_sft" if sft_steps else "start"))
