@@ -38,13 +38,16 @@ def test_sft_stops_at_the_first_probe_that_reaches_the_fraction(tmp_path, monkey
     try:
         steps, _ = sft_phase(run, time.time() + plan.sft_seconds, plan)
         eval_seeds = {r.seed for r in run.eval_rows}
+        after = maze_curriculum.evaluate(run, steps, "after_sft")  # the same greedy rollouts on the eval split
     finally:
         run.close()
     assert steps == 2 and [s for _, s, _ in seen] == [0, 1, 2]  # a probe before each step; the third ends SFT (cap 6)
     assert seen[0][0] == 0.0  # random init solves none of the real probe's mazes
     assert len(seen[0][2]) == 3 and not eval_seeds & set(seen[0][2])  # training mazes, not the eval split
+    assert (after.label, after.solved, after.episodes) == ("after_sft", 0, 4)
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [m["probe_episodes"] for m in metrics if m["phase"] == "probe"] == [3, 3, 3]
+    assert [m["eval_episodes"] for m in metrics if m["phase"] == "eval"] == [4]
 
 
 def test_without_sft_until_no_probe_runs(tmp_path, monkeypatch):

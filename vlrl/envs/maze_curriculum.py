@@ -73,7 +73,9 @@ class LevelPlan:
     every ``probe_seconds`` once whole episodes train; 0: the budget runs out). A policy that solves some mazes,
     not all, is where GRPO has a reward to work with and room above SFT (the eval split stays unseen until then)."""
     probe_rows: int = 32
+    """Training mazes in the probe, drawn from the training stream when SFT starts (0 with ``sft_until`` 0)."""
     probe_seconds: float = 10.0
+    """Seconds from one probe to the next (each probe is a greedy rollout of ``probe_rows`` episodes)."""
 
 
 @dataclass(frozen=True)
@@ -142,14 +144,17 @@ def level_config(plan: LevelPlan, out: str | Path, model_path: str | Path | None
     )
 
 
+def greedy_rollouts(run, rows) -> list:
+    """One episode per row at the eval temperature (greedy by default), seeded as ``Run.evaluate``."""
+    return run.rollout(rows, seed=EVAL_SEED, temperature=run.cfg.rollout.eval_temperature, repeats=1, shared=False)
+
+
 def evaluate(run, step: int, label: str, keep: int = 4) -> EvalResult:
     """``Run.evaluate`` with the success count, its interval, and samples of solved *and* failed episodes
     (half each where there are both) instead of the first few."""
     from vlrl.rollout.io import write_jsonl
 
-    trajs = run.rollout(
-        run.eval_rows, seed=EVAL_SEED, temperature=run.cfg.rollout.eval_temperature, repeats=1, shared=False
-    )
+    trajs = greedy_rollouts(run, run.eval_rows)
     solved = [t for t in trajs if t.total_reward > 0]
     failed = [t for t in trajs if t.total_reward <= 0]
     low, high = wilson(len(solved), len(trajs))
@@ -242,7 +247,7 @@ def probe_success(run, rows, step: int) -> float:
     """Greedy success of the current weights on ``rows`` (training mazes, not the eval split), logged as a
     ``probe`` metric at SFT ``step``."""
     run.sync_weights()
-    trajs = run.rollout(rows, seed=EVAL_SEED, temperature=run.cfg.rollout.eval_temperature, repeats=1, shared=False)
+    trajs = greedy_rollouts(run, rows)
     success = sum(t.total_reward > 0 for t in trajs) / max(1, len(trajs))
     run.log.metrics(step, "probe", {"probe_success": success, "probe_episodes": len(trajs)})
     return success
