@@ -28,6 +28,7 @@ the bench's (``vlrl.bench.vllm_paths.vllm_section``'s arguments); JSON to OUT, a
     python benchmarks/vllm_path_breakdown.py OUT.json 64 256                                # GPU host, 2b bf16
     python benchmarks/vllm_path_breakdown.py OUT.json 64 256 --paths-only --slots 0,4,16    # raw and vlrl only
     python benchmarks/vllm_path_breakdown.py OUT.json 64 256 --paired --repeats 5           # raw, vlrl in turn
+    python benchmarks/vllm_path_breakdown.py OUT.json 64 256 --paired --api-servers 4       # 4 API processes
 """
 
 import argparse
@@ -195,14 +196,18 @@ def main() -> None:
     ap.add_argument("--paths-only", action="store_true", help="raw, vlrl, vlrl_route only: no render or generate rows")
     ap.add_argument("--variants-only", action="store_true", help="raw and the fresh generate variants only")
     ap.add_argument("--paired", action="store_true", help="raw and vlrl only, timed in turn (`--repeats` pairs)")
+    ap.add_argument("--api-servers", type=int, default=1, help="the server's API processes (--api-server-count)")
     args = ap.parse_intermixed_args()
     slots = [int(k) for k in args.slots.split(",") if k]
     from vlrl.vllm.stack import vllm_stack
 
     t0 = time.perf_counter()
-    stack = vllm_stack(cached_model_dir("qwen2_5_vl", args.size), extra_args=SERVER_ARGS, dtype=args.dtype)
+    stack = vllm_stack(
+        cached_model_dir("qwen2_5_vl", args.size), extra_args=SERVER_ARGS, dtype=args.dtype, api_servers=args.api_servers
+    )
     result: dict = {
         "size": args.size,
+        "api_servers": args.api_servers,
         "dtype": args.dtype,
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,

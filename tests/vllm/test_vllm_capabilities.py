@@ -52,6 +52,21 @@ def test_server_flags_follow_the_build(vlrl_model_dir):
     assert cfg.env(V026)["TRITON_F32_DEFAULT"] == "ieee" and "TRITON_F32_DEFAULT" not in cfg.env(V032)
 
 
+def test_several_api_processes_go_through_vllm_serve(vlrl_model_dir):
+    from vlrl.vllm.launch import api_servers
+    from vlrl.vllm.server import VllmServerError
+
+    one, four = ServerConfig(str(vlrl_model_dir(ARCH))), ServerConfig(str(vlrl_model_dir(ARCH)), api_servers=4)
+    assert "--api-server-count" not in one.argv(8000, V026)  # one process: vLLM's api_server module, as ever
+    argv = four.argv(8000, V026)
+    assert argv[argv.index("--api-server-count") + 1] == "4"
+    launch_args = argv[argv.index("vlrl.vllm.launch") + 1 :]
+    assert (api_servers(launch_args), api_servers(one.argv(8000, V026)[3:])) == (4, 1)
+    assert api_servers(["--api-server-count=3"]) == 3
+    with pytest.raises(VllmServerError, match="api_servers must be >= 1, got 0"):
+        ServerConfig(str(vlrl_model_dir(ARCH)), api_servers=0)
+
+
 def test_pythons_a_cpu_server_starts_import_torchvision(vlrl_model_dir, tmp_path):
     """On a fresh cache vLLM inspects the model class in a new interpreter (``python -m
     vllm.model_executor.models.registry``); without vlrl's guard there, torchvision's import dies on this
