@@ -2,7 +2,8 @@
 # The maze curriculum (benchmarks/maze_curriculum.py) on the GPU host; small result files tarred under $OUT.
 # Usage (device tool, from .clean, carry .clean): bash benchmarks/device/maze_curriculum.sh TAG [--plan ...]
 #   WEIGHTS=prefix: start the first level from a tiny checkpoint's model.safetensors split into prefix.part*
-#   (what an earlier command returned); the last level's weights come back split the same way.
+#   (what an earlier command returned); the last level's weights come back split the same way when they fit
+#   (tiny: 40 MB; small's 174 MB do not: a later command on the same warm machine passes --weights /tmp/mc/LEVEL/weights).
 set -uo pipefail
 source benchmarks/device/env.sh
 tag=$1; shift
@@ -16,5 +17,7 @@ timeout "${LIMIT:-570}" python3 benchmarks/maze_curriculum.py --out /tmp/mc "${a
   | grep --line-buffered -v -e "Loading weights" -e "Writing model" | tee "$OUT/$tag.log"
 (cd /tmp/mc && tar czf "$OUT/$tag.tgz" --exclude weights --exclude tb --exclude checkpoints .)
 last=$(ls -d /tmp/mc/*/weights 2>/dev/null | tail -1)
-[ -n "$last" ] && split -b 15M "$last/model.safetensors" "$OUT/${tag}_weights.part"
+if [ -n "$last" ] && [ "$(stat -c %s "$last/model.safetensors")" -le $((45 * 2**20)) ]; then
+  split -b 15M "$last/model.safetensors" "$OUT/${tag}_weights.part"
+fi
 ls -la "$OUT"
