@@ -197,17 +197,23 @@ def main() -> None:
     ap.add_argument("--variants-only", action="store_true", help="raw and the fresh generate variants only")
     ap.add_argument("--paired", action="store_true", help="raw and vlrl only, timed in turn (`--repeats` pairs)")
     ap.add_argument("--api-servers", type=int, default=1, help="the server's API processes (--api-server-count)")
+    ap.add_argument("--server-env", action="append", default=[], help="KEY=VALUE in the server's environment")
     args = ap.parse_intermixed_args()
     slots = [int(k) for k in args.slots.split(",") if k]
     from vlrl.vllm.stack import vllm_stack
 
     t0 = time.perf_counter()
     stack = vllm_stack(
-        cached_model_dir("qwen2_5_vl", args.size), extra_args=SERVER_ARGS, dtype=args.dtype, api_servers=args.api_servers
+        cached_model_dir("qwen2_5_vl", args.size),
+        extra_args=SERVER_ARGS,
+        dtype=args.dtype,
+        api_servers=args.api_servers,
+        extra_env=tuple(tuple(kv.split("=", 1)) for kv in args.server_env),
     )
     result: dict = {
         "size": args.size,
         "api_servers": args.api_servers,
+        "server_env": args.server_env,
         "dtype": args.dtype,
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,

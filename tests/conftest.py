@@ -43,3 +43,26 @@ class Bundle:
     @property
     def tokenizer(self):
         return self.renderer.tokenizer
+
+
+@pytest.fixture(scope="session")
+def color_square_warm_start(tmp_path_factory):
+    """``(model dir, eval reward)`` of recipe color_square_rl's format-only warm start: its SFT phase alone
+    (the expert's answer format with a random colour), saved as a model dir. One per session: the RL tests of
+    ``vlrl train`` (tests/train) and of the Tinker API (tests/tinker) start from the same one (~1 min on 2 cores)."""
+    from vlrl.checks.training import RunRecord
+    from vlrl.models.build import cached_model_dir
+    from vlrl.models.load import load_processor
+    from vlrl.train.config import load_config
+    from vlrl.train.loop import train
+
+    out = tmp_path_factory.mktemp("color_square_warm_start")
+    cfg = load_config("color_square_rl", ["run.steps=0", f"run.out={out / 'run'}", "run.progress=False"])
+    assert cfg.sft.expert == "color_square/format" and cfg.sft.steps > 0
+    captured = {}
+    train(cfg, on_start=lambda model: captured.update(model=model))
+    evals = {e["label"]: e["eval_reward_mean"] for e in RunRecord.load(out / "run").phase("eval")}
+    model_dir = out / "model"
+    captured["model"].save_pretrained(model_dir)
+    load_processor(cached_model_dir(cfg.model.arch, cfg.model.size, seed=cfg.model.seed)).save_pretrained(model_dir)
+    return model_dir, evals["after_sft"]

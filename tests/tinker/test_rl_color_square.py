@@ -18,26 +18,8 @@ RECIPE = "color_square_rl"
 WARM_START_MAX = 0.35
 
 
-@pytest.fixture(scope="module")
-def warm_start(tmp_path_factory):
-    """``(checkpoint dir, recipe config)``: the recipe's format-only SFT phase alone, saved as a model dir."""
-    from vlrl.models.build import cached_model_dir
-    from vlrl.models.load import load_processor
-    from vlrl.train.config import load_config
-    from vlrl.train.loop import train
-
-    out = tmp_path_factory.mktemp("tinker_warm_start")
-    cfg = load_config(RECIPE, ["run.steps=0", f"run.out={out / 'run'}", "run.progress=False"])
-    captured = {}
-    train(cfg, on_start=lambda model: captured.update(model=model))
-    model_dir = out / "model"
-    captured["model"].save_pretrained(model_dir)
-    load_processor(cached_model_dir(cfg.model.arch, cfg.model.size, seed=cfg.model.seed)).save_pretrained(model_dir)
-    return model_dir, cfg
-
-
 @pytest.mark.train
-def test_cookbook_rl_loop_learns_color_square_through_the_api(warm_start, record_property):
+def test_cookbook_rl_loop_learns_color_square_through_the_api(color_square_warm_start, record_property):
     import tinker
 
     from vlrl.render.embedded import EmbeddedRenderer
@@ -45,7 +27,7 @@ def test_cookbook_rl_loop_learns_color_square_through_the_api(warm_start, record
     from vlrl.tinker.service import ServiceConfig
     from vlrl.train.config import load_config
 
-    model_dir, _ = warm_start
+    model_dir, _ = color_square_warm_start  # tests/conftest.py: the same one tests/train starts from
     cfg = load_config(RECIPE, [])  # the recipe's RL settings (the warm start ran with run.steps=0)
     service = build_service(
         ServiceConfig(

@@ -2,8 +2,9 @@
 whose header records the measurements behind each setting).
 
 The format-only warm start (the expert's answer format with a random colour: eval at chance) runs once
-for the module and is saved as a checkpoint; each estimator then trains from it by RL alone, so
-``assert_all_parameters_changed`` holds RL to moving every parameter, the vision tower included.
+per session and is saved as a checkpoint (``color_square_warm_start``, tests/conftest.py); each estimator then
+trains from it by RL alone, so ``assert_all_parameters_changed`` holds RL to moving every parameter, the vision
+tower included.
 Each run's report row (curves, advantage statistics, gradient norms by module, entropy) is in
 reports/tests.html.
 """
@@ -15,32 +16,6 @@ import pytest
 RECIPE = "color_square_rl"
 WARM_START_MAX = 0.35
 """Eval reward after the format-only warm start may be at most this: the colours are left to RL."""
-
-
-@pytest.fixture(scope="module")
-def warm_start(tmp_path_factory):
-    """``(checkpoint dir, warm-start eval reward)``: the recipe's SFT phase alone, saved as a model dir."""
-    from vlrl.checks.training import RunRecord
-    from vlrl.models.load import load_processor
-    from vlrl.train.config import load_config
-    from vlrl.train.loop import train
-
-    out = tmp_path_factory.mktemp("warm_start")
-    cfg = load_config(RECIPE, ["run.steps=0", f"run.out={out / 'run'}", "run.progress=False"])
-    assert cfg.sft.expert == "color_square/format" and cfg.sft.steps > 0
-    captured = {}
-    train(cfg, on_start=lambda model: captured.update(model=model))
-    evals = {e["label"]: e["eval_reward_mean"] for e in RunRecord.load(out / "run").phase("eval")}
-    model_dir = out / "model"
-    captured["model"].save_pretrained(model_dir)
-    load_processor(_base_model_dir(cfg)).save_pretrained(model_dir)
-    return model_dir, evals["after_sft"]
-
-
-def _base_model_dir(cfg):
-    from vlrl.models.build import cached_model_dir
-
-    return cached_model_dir(cfg.model.arch, cfg.model.size, seed=cfg.model.seed)
 
 
 @pytest.mark.train
@@ -55,8 +30,10 @@ def _base_model_dir(cfg):
         pytest.param("reinforce_pp", 40, None, 0.2, id="reinforce_pp"),
     ],
 )
-def test_rl_learns_color_square_from_a_format_only_warm_start(vlrl_train, warm_start, advantage, steps, bar, gain):
-    model_dir, warm_eval = warm_start
+def test_rl_learns_color_square_from_a_format_only_warm_start(
+    vlrl_train, color_square_warm_start, advantage, steps, bar, gain
+):
+    model_dir, warm_eval = color_square_warm_start
     assert warm_eval <= WARM_START_MAX, f"the warm start must not know the colours: eval {warm_eval}"
     run = vlrl_train(
         RECIPE, f"model.path={model_dir}", "sft.steps=0", f"algo.advantage={advantage}", f"run.steps={steps}"
