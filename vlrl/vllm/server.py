@@ -261,10 +261,14 @@ class ServerConfig:
             site.mkdir(parents=True, exist_ok=True)
             (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
-        elif self.dtype == "float32":
-            # vLLM's CUDA attention kernels are Triton, whose tl.dot rounds float32 inputs to TF32 (10-bit
-            # mantissa) by default; an fp32 server exists to agree with an fp32 trainer, so full precision
-            env["TRITON_F32_DEFAULT"] = "ieee"
+        else:
+            # the API process's torch ops are small CPU copies (a request's image item, ~0.6 MB) that a
+            # machine-wide OpenMP team per op only slows, against the engine core's busy loop for the cores
+            env.setdefault("OMP_NUM_THREADS", "1")
+            if self.dtype == "float32":
+                # vLLM's CUDA attention kernels are Triton, whose tl.dot rounds float32 inputs to TF32 (10-bit
+                # mantissa) by default; an fp32 server exists to agree with an fp32 trainer, so full precision
+                env["TRITON_F32_DEFAULT"] = "ieee"
         env.update(dict(self.extra_env))
         return env
 
