@@ -33,6 +33,8 @@ CUDA vLLM 0.26 the same without the two 0.32-only flags, with the KV cache sized
   ``--kv-cache-memory-bytes`` (CUDA): from the run (``vlrl.vllm.limits``), never vLLM's or vlrl's defaults.
   On CUDA ``--gpu-memory-utilization`` is then only vLLM's start-up check (free memory ≥ fraction × total),
   kept small so several servers and a trainer can share one GPU.
+- CUDA: ``OMP_NUM_THREADS=1`` unless set (the API process's torch work is small copies of request items, which the
+  default ran on an OpenMP team as wide as the machine: H100, 256 requests, 8.0 → 7.1 s; NOTE.md runs 30–31).
 """
 
 from __future__ import annotations
@@ -149,9 +151,7 @@ class ServerConfig:
     gpu_memory_utilization: float = 0.1
     """CUDA only: vLLM's start-up check wants this fraction of the GPU free (the KV cache is fixed separately)."""
     api_servers: int = 1
-    """API processes behind the one port (``--api-server-count``), one engine core either way. Each parses and
-    decodes its share of the requests: vlrl's generate bodies carry their image items whole, and one process
-    decodes them on its event loop one at a time (≈ 2.5 s per 256 fresh images on an H100, the gap to raw)."""
+    """API processes on the one port (``--api-server-count``); four did not speed vlrl at 64 (NOTE.md run 30)."""
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = field(default=())
 
@@ -262,9 +262,7 @@ class ServerConfig:
             (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
         else:
-            # the API process's torch ops are small CPU copies (a request's image item, ~0.6 MB) that a
-            # machine-wide OpenMP team per op only slows, against the engine core's busy loop for the cores
-            env.setdefault("OMP_NUM_THREADS", "1")
+            env.setdefault("OMP_NUM_THREADS", "1")  # see the module docstring
             if self.dtype == "float32":
                 # vLLM's CUDA attention kernels are Triton, whose tl.dot rounds float32 inputs to TF32 (10-bit
                 # mantissa) by default; an fp32 server exists to agree with an fp32 trainer, so full precision
