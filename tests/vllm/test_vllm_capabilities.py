@@ -72,6 +72,30 @@ def test_several_api_processes_go_through_vllm_serve(vlrl_model_dir):
         ServerConfig(str(vlrl_model_dir(ARCH)), api_servers=0)
 
 
+def test_the_launcher_hands_vlrls_argv_to_vllm_serve(vlrl_model_dir, monkeypatch):
+    """``--api-server-count`` above 1: the launcher's ``serve`` parses vlrl's whole argv as ``vllm serve`` (the
+    installed build's parser, every flag vlrl passes) and dispatches to the command that starts the processes."""
+    import os
+
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+
+    from vlrl.vllm.launch import serve
+
+    seen = {}
+    monkeypatch.setattr(ServeSubcommand, "cmd", staticmethod(lambda args: seen.update(args=args)))
+    cfg = ServerConfig(str(vlrl_model_dir(ARCH)), api_servers=2)
+    argv = cfg.argv(8000, installed_capabilities(sys.executable))
+    environ = dict(os.environ)
+    try:
+        serve(argv[argv.index("vlrl.vllm.launch") + 1 :])
+    finally:  # vLLM's CLI set-up writes to the environment
+        os.environ.clear()
+        os.environ.update(environ)
+    args = seen["args"]
+    assert (args.api_server_count, args.port, args.model_tag) == (2, 8000, cfg.model_dir)  # cmd() makes it .model
+    assert args.worker_extension_cls == "vlrl.vllm.worker.VlrlWorkerExtension"
+
+
 def test_pythons_a_cpu_server_starts_import_torchvision(vlrl_model_dir, tmp_path):
     """On a fresh cache vLLM inspects the model class in a new interpreter (``python -m
     vllm.model_executor.models.registry``); without vlrl's guard there, torchvision's import dies on this
