@@ -34,7 +34,7 @@ CUDA vLLM 0.26 the same without the two 0.32-only flags, with the KV cache sized
   On CUDA ``--gpu-memory-utilization`` is then only vLLM's start-up check (free memory ≥ fraction × total),
   kept small so several servers and a trainer can share one GPU.
 - CUDA: ``OMP_NUM_THREADS=1`` unless set (the API process's torch work is small copies of request items, which the
-  default ran on an OpenMP team as wide as the machine: H100, 256 requests, 8.0 → 7.1 s; NOTE.md runs 30–31).
+  default ran on an OpenMP team as wide as the machine: H100, 256 requests, median 8.0 → 7.0 s; NOTE.md runs 30–31).
 """
 
 from __future__ import annotations
