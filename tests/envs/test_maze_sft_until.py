@@ -61,3 +61,36 @@ def test_without_sft_until_no_probe_runs(tmp_path, monkeypatch):
     finally:
         run.close()
     assert steps == 2
+
+
+def test_a_clock_that_cuts_the_eval_keeps_the_sft_weights(tmp_path, monkeypatch):
+    """The level's weights are written when SFT ends, before its eval: on the GPU a 10-minute command's clock
+    killed easy's after-SFT eval (200 mazes of up to 30 turns) and, with the weights written only at the end,
+    took the 197 SFT steps with it."""
+    import torch
+
+    from vlrl.envs.maze_curriculum import train_level
+
+    def cut(*args, **kwargs):
+        raise KeyboardInterrupt("the command's clock")
+
+    trained = {}
+    real_sft = maze_curriculum.sft_phase
+
+    def sft(run, deadline, plan):
+        out = real_sft(run, deadline, plan)
+        trained.update({k: v.detach().clone() for k, v in run.model.state_dict().items()})
+        return out
+
+    monkeypatch.setattr(maze_curriculum, "sft_phase", sft)
+    monkeypatch.setattr(maze_curriculum, "evaluate", cut)
+    plan = LevelPlan("5x5", 600, 0, overrides=(*CPU, "sft.steps=2"), sft_pool=1)
+    try:
+        train_level(plan, tmp_path)
+    except KeyboardInterrupt:
+        pass
+    from transformers import AutoModelForImageTextToText
+
+    assert (tmp_path / "weights" / "model.safetensors").is_file(), "the cut eval took the SFT weights with it"
+    reloaded = AutoModelForImageTextToText.from_pretrained(tmp_path / "weights").state_dict()  # as the next level
+    assert reloaded.keys() == trained.keys() and all(torch.equal(reloaded[k], trained[k]) for k in trained)

@@ -299,7 +299,7 @@ def start_weights(plan: LevelPlan, out: str | Path, model_path: str | Path | Non
 
 def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None = None) -> LevelResult:
     """Train one level within its budgets; writes the run dir (metrics, agreement, samples, summary,
-    report) and ``<out>/weights``; returns what it reached."""
+    report) and ``<out>/weights`` (after SFT, and again after RL); returns what it reached."""
     from vlrl.report.training import write_report
     from vlrl.train.checkpoint import write_atomic
     from vlrl.train.run import Run
@@ -315,12 +315,15 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
             evals.append(evaluate(run, 0, "before"))
         sft_steps, episodes = sft_phase(run, t0 + plan.sft_seconds, plan) if cfg.sft.steps else (0, 0)
         t_sft = time.time()
+        # saved before the eval too: a command's clock that cuts the eval (200 long episodes) keeps what SFT trained
+        weights = save_weights(run, Path(out) / "weights") if sft_steps else None
         e0 = time.time()
         evals.append(evaluate(run, 0, "after_sft" if sft_steps else "start"))
         rl_steps = rl_phase(run, plan, t_sft + plan.rl_seconds, evals, time.time() - e0)
         if rl_steps:
             evals.append(evaluate(run, rl_steps, "after"))
-        weights = save_weights(run, Path(out) / "weights")
+        if rl_steps or weights is None:
+            weights = save_weights(run, Path(out) / "weights")
         result = LevelResult(
             plan.level,
             str(out),
