@@ -1,10 +1,13 @@
 """The maze curriculum's early SFT stop (``LevelPlan.sft_until``): SFT ends at the first probe that reaches the
-fraction, on training mazes, and the probe is a real greedy rollout of the current weights."""
+fraction, on training mazes, and the probe is a real greedy rollout of the current weights. And a level's weights are
+on disk once SFT ends, before the eval that a command's clock may cut."""
 
 from __future__ import annotations
 
 import json
 import time
+
+import pytest
 
 from vlrl.envs import maze_curriculum
 from vlrl.envs.maze_curriculum import LevelPlan, level_config, sft_phase
@@ -68,6 +71,7 @@ def test_a_clock_that_cuts_the_eval_keeps_the_sft_weights(tmp_path, monkeypatch)
     killed easy's after-SFT eval (200 mazes of up to 30 turns) and, with the weights written only at the end,
     took the 197 SFT steps with it."""
     import torch
+    from transformers import AutoModelForImageTextToText
 
     from vlrl.envs.maze_curriculum import train_level
 
@@ -85,12 +89,8 @@ def test_a_clock_that_cuts_the_eval_keeps_the_sft_weights(tmp_path, monkeypatch)
     monkeypatch.setattr(maze_curriculum, "sft_phase", sft)
     monkeypatch.setattr(maze_curriculum, "evaluate", cut)
     plan = LevelPlan("5x5", 600, 0, overrides=(*CPU, "sft.steps=2"), sft_pool=1)
-    try:
+    with pytest.raises(KeyboardInterrupt, match="clock"):
         train_level(plan, tmp_path)
-    except KeyboardInterrupt:
-        pass
-    from transformers import AutoModelForImageTextToText
-
     assert (tmp_path / "weights" / "model.safetensors").is_file(), "the cut eval took the SFT weights with it"
     reloaded = AutoModelForImageTextToText.from_pretrained(tmp_path / "weights").state_dict()  # as the next level
     assert reloaded.keys() == trained.keys() and all(torch.equal(reloaded[k], trained[k]) for k in trained)

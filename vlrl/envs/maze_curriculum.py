@@ -316,13 +316,13 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
         sft_steps, episodes = sft_phase(run, t0 + plan.sft_seconds, plan) if cfg.sft.steps else (0, 0)
         t_sft = time.time()
         # saved before the eval too: a command's clock that cuts the eval (200 long episodes) keeps what SFT trained
-        weights = save_weights(run, Path(out) / "weights") if sft_steps else None
+        weights = save_weights(run, Path(out) / "weights")
         e0 = time.time()
         evals.append(evaluate(run, 0, "after_sft" if sft_steps else "start"))
         rl_steps = rl_phase(run, plan, t_sft + plan.rl_seconds, evals, time.time() - e0)
         if rl_steps:
             evals.append(evaluate(run, rl_steps, "after"))
-        if rl_steps or weights is None:
+        if rl_steps:
             weights = save_weights(run, Path(out) / "weights")
         result = LevelResult(
             plan.level,
