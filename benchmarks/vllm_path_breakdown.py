@@ -29,12 +29,14 @@ the bench's (``vlrl.bench.vllm_paths.vllm_section``'s arguments); JSON to OUT, a
     python benchmarks/vllm_path_breakdown.py OUT.json 64 256 --paths-only --slots 0,4,16    # raw and vlrl only
     python benchmarks/vllm_path_breakdown.py OUT.json 64 256 --paired --repeats 5           # raw, vlrl in turn
     python benchmarks/vllm_path_breakdown.py OUT.json 64 256 --paired --api-servers 4       # 4 API processes
+    python benchmarks/vllm_path_breakdown.py OUT.json 64 256 --paired --wide-render         # + render threads wide
 """
 
 import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import time
 
 from vlrl.bench.engines import best_of, workload_messages
@@ -159,24 +161,33 @@ def time_prerendered_variants(stack, fresh, per: int, max_tokens: int) -> dict:
     return out
 
 
-def time_paired(stack, fresh, repeats: int, max_tokens: int) -> dict:
+def time_paired(stack, fresh, repeats: int, max_tokens: int, wide=None) -> dict:
     """raw and vlrl (the stack's renderer) warmed up once each, then timed in turn on fresh batches, ``repeats``
-    pairs: a drift of the machine moves both alike. Every timing, each pair's vlrl / raw tok/s, and their median."""
+    rounds: a drift of the machine moves both alike. ``wide``: also vlrl with that renderer (``vlrl_wide``). Every
+    timing, each round's path / raw tok/s, and their medians (``median``: vlrl's)."""
     runners = {"raw": raw_runner(stack, max_tokens), "vlrl": vlrl_runner(stack, max_tokens)}
+    if wide is not None:
+        runners["vlrl_wide"] = vlrl_runner(stack, max_tokens, wide)
     for run in runners.values():
         run(next(fresh))
-    seconds: dict[str, list[float]] = {"raw": [], "vlrl": []}
-    tokens: dict[str, list[int]] = {"raw": [], "vlrl": []}
+    seconds: dict[str, list[float]] = {name: [] for name in runners}
+    tokens: dict[str, list[int]] = {name: [] for name in runners}
     for _ in range(repeats):
         for name, run in runners.items():
             t0 = time.perf_counter()
             tokens[name].append(run(next(fresh)))
             seconds[name].append(round(time.perf_counter() - t0, 4))
-    ratios = [
-        round((tv / sv) / (tr / sr), 3)
-        for tv, sv, tr, sr in zip(tokens["vlrl"], seconds["vlrl"], tokens["raw"], seconds["raw"])
-    ]
-    return {"seconds": seconds, "tokens": tokens, "vlrl_over_raw": ratios, "median": sorted(ratios)[len(ratios) // 2]}
+    out: dict = {"seconds": seconds, "tokens": tokens}
+    for name in runners:
+        if name == "raw":
+            continue
+        ratios = [
+            round((tv / sv) / (tr / sr), 3)
+            for tv, sv, tr, sr in zip(tokens[name], seconds[name], tokens["raw"], seconds["raw"])
+        ]
+        out[f"{name}_over_raw"] = ratios
+        out["median" if name == "vlrl" else f"{name}_median"] = sorted(ratios)[len(ratios) // 2]
+    return out
 
 
 def take(batches, count: int) -> list:
@@ -198,13 +209,17 @@ def main() -> None:
     ap.add_argument("--paired", action="store_true", help="raw and vlrl only, timed in turn (`--repeats` pairs)")
     ap.add_argument("--api-servers", type=int, default=1, help="the server's API processes (--api-server-count)")
     ap.add_argument("--server-env", action="append", default=[], help="KEY=VALUE in the server's environment")
+    ap.add_argument(
+        "--wide-render", action="store_true", help="with --paired: also vlrl with render workers at torch's threads"
+    )
     args = ap.parse_intermixed_args()
     slots = [int(k) for k in args.slots.split(",") if k]
     from vlrl.vllm.stack import vllm_stack
 
     t0 = time.perf_counter()
+    model_dir = cached_model_dir("qwen2_5_vl", args.size)
     stack = vllm_stack(
-        cached_model_dir("qwen2_5_vl", args.size),
+        model_dir,
         extra_args=SERVER_ARGS,
         dtype=args.dtype,
         api_servers=args.api_servers,
@@ -227,6 +242,13 @@ def main() -> None:
         "by_size": {},
     }
     client, config = stack.engine.client, stack.engine.client.config
+    wide = None
+    if args.wide_render:  # the renderer as before 2026-11-26: each worker's torch ops on all cores
+        from vlrl.render.embedded import EmbeddedRenderer
+        from vlrl.vllm.stack import RENDER_WORKERS
+
+        workers = min(RENDER_WORKERS, os.cpu_count() or 1)
+        wide = EmbeddedRenderer.from_pretrained(model_dir, workers=workers, intra_op_threads=None)
     try:
         stack.renderer.render(workload_messages(1)[0])
         stack.server_renderer.render(workload_messages(1)[0])  # the server's processor loaded: not timed
@@ -234,10 +256,12 @@ def main() -> None:
             per = 1 + args.repeats
             # fresh batches per path: raw, vlrl, vlrl_route (+ local_render, generate_prerendered, render,
             # render_http), or raw and the five fresh generate variants
-            paths = 6 if args.variants_only else 2 if args.paired else 3 if args.paths_only else 7
+            pair = 3 if args.wide_render else 2
+            paths = 6 if args.variants_only else pair if args.paired else 3 if args.paths_only else 7
             fresh = iter(fresh_batches(n, (paths + len(slots)) * per))
             if args.paired:
-                result["by_size"][str(n)] = row = {"paired": time_paired(stack, fresh, args.repeats, args.max_tokens)}
+                row = {"paired": time_paired(stack, fresh, args.repeats, args.max_tokens, wide)}
+                result["by_size"][str(n)] = row
                 print(n, json.dumps(row), flush=True)
                 with open(args.out, "w") as f:
                     json.dump(result, f, indent=1)

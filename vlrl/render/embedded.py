@@ -11,13 +11,19 @@ Each image's ``(pixel_values, grid)`` is therefore kept by the hash of its decod
 ``cache_images`` entries), so a turn costs its new image only. The placeholder expansion the
 processor would do (each ``<|image_pad|>`` → ``grid.prod() / merge²`` copies, in order) is done here;
 ``tests/foundation/test_render_cache.py`` checks ids, grids and pixels against the processor's own call.
+
+**Worker threads** (``workers``): torch runs each image-processor op on an OpenMP team as wide as the machine, so
+eight render threads on the 16-core GPU host open 128 threads beside the inference servers' processes on the same
+cores. The pool is the parallelism: each worker runs its ops on itself (``intra_op_threads``, default 1).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import functools
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -35,10 +41,19 @@ __all__ = ["EmbeddedRenderer", "RESERVED_IN_TEXT"]
 class EmbeddedRenderer:
     """``render(messages) -> RenderedPrompt`` through a transformers processor."""
 
-    def __init__(self, processor, *, limits: ImageLimits = ImageLimits(), cache_images: int = 4096, workers: int = 0):
+    def __init__(
+        self,
+        processor,
+        *,
+        limits: ImageLimits = ImageLimits(),
+        cache_images: int = 4096,
+        workers: int = 0,
+        intra_op_threads: int | None = 1,
+    ):
         """``workers``: threads that ``arender`` renders on (0: in the caller's loop, one at a time). A rollout on
         vLLM renders while the servers generate, so there renders run in parallel (decoding and the image
-        processor's torch ops release the GIL); the tokenizer stays one call at a time."""
+        processor's torch ops release the GIL); the tokenizer stays one call at a time. ``intra_op_threads``:
+        the OpenMP threads of each worker's torch ops (None: torch's default, as wide as the machine)."""
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.limits = limits
@@ -49,7 +64,10 @@ class EmbeddedRenderer:
         self._cache: OrderedDict[str, tuple[Any, Any]] = OrderedDict()  # pixel hash -> (pixel_values, grid)
         self._cache_lock = threading.Lock()
         self._text_lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="vlrl-render") if workers > 0 else None
+        self._pool = None
+        if workers > 0:
+            init = None if intra_op_threads is None else functools.partial(limit_openmp_here, intra_op_threads)
+            self._pool = ThreadPoolExecutor(workers, thread_name_prefix="vlrl-render", initializer=init)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, **kwargs) -> EmbeddedRenderer:
@@ -151,6 +169,28 @@ class EmbeddedRenderer:
             if run.length != want:
                 raise RuntimeError(f"image {k}: {run.length} pad tokens, but its grid {grid[k].tolist()} needs {want}")
         return tuple(runs)
+
+
+def limit_openmp_here(threads: int) -> None:
+    """The OpenMP threads of torch's CPU ops run from the calling thread alone. OpenMP keeps the count per thread
+    (``omp_set_num_threads`` sets the caller's); ``torch.set_num_threads`` would also set torch's default for every
+    thread started later, and MKL's for the whole process. A no-op where no OpenMP runtime is loaded."""
+    import torch
+
+    torch.get_num_threads()  # torch's own per-thread init first: it would set the count again on the thread's first op
+    for runtime in _openmp_runtimes():
+        runtime.omp_set_num_threads(threads)
+
+
+@functools.cache
+def _openmp_runtimes() -> tuple[ctypes.CDLL, ...]:
+    """The OpenMP runtimes loaded in this process (libgomp, libiomp, libomp), from ``/proc/self/maps`` (Linux)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if re.search(r"/lib(g|i|)omp[\w.-]*\.so", line)}
+    except OSError:
+        return ()
+    return tuple(ctypes.CDLL(path) for path in sorted(paths))
 
 
 def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
