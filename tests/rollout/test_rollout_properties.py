@@ -7,6 +7,8 @@ of its conversation.
 
 from __future__ import annotations
 
+import unicodedata
+
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -40,7 +42,9 @@ def check_against_render(bundle, traj) -> None:
         tok.convert_tokens_to_ids("<|endoftext|>"),
     )
     tail = "\n" if closed else "<|im_end|>\n"
-    assert tok.decode(list(traj.token_ids)) + tail == tok.decode(list(final.token_ids))
+    # the render's text passes the tokenizer's NFC normaliser (a sampled CJK compatibility ideograph re-renders as
+    # its unified form: hypothesis found one at qwen2_vl, seed 7402); the trajectory keeps the engine's ids as sampled
+    assert unicodedata.normalize("NFC", tok.decode(list(traj.token_ids)) + tail) == tok.decode(list(final.token_ids))
     canonical = all(
         tok.encode(s.text, add_special_tokens=False)
         == [t for t in _generated(traj, s) if t != tok.convert_tokens_to_ids("<|im_end|>")]

@@ -1,0 +1,70 @@
+"""The engine's sampler draws all rows at once, and picks exactly the tokens one ``torch.multinomial`` per row picked
+with the same generators (greedy, plain and truncated rows mixed); a row's token does not depend on its batch; a
+non-finite row is an error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vlrl.engines.sampling import sample_tokens, truncate
+from vlrl.engines.types import SamplingParams
+
+V = 1000
+BANNED = torch.tensor([3, 7, 500])
+
+
+def per_row_multinomial(logits, params, banned, generators):
+    """The sampler as it was: one softmax and one multinomial per row."""
+    masked = logits.float().index_fill(1, banned, float("-inf"))
+    out = torch.empty(logits.shape[0], dtype=torch.long)
+    for b, p in enumerate(params):
+        if p.temperature == 0:
+            out[b] = torch.argmax(masked[b])
+            continue
+        row = truncate(masked[b] / p.temperature, p.top_k, p.top_p, p.min_p)
+        out[b] = torch.multinomial(torch.softmax(row, dim=-1), 1, generator=generators[b])[0]
+    return out
+
+
+def batch():
+    params = [
+        SamplingParams(temperature=1.0, seed=1),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.7, seed=2),
+        SamplingParams(temperature=1.3, seed=3, top_k=20),
+        SamplingParams(temperature=1.0, seed=4, top_p=0.9),
+        SamplingParams(temperature=0.9, seed=5, min_p=0.05),
+        SamplingParams(temperature=1.0, seed=6),
+    ]
+    logits = torch.randn(len(params), V, generator=torch.Generator().manual_seed(0)) * 3
+    return logits, params
+
+
+def generators(params):
+    return [torch.Generator().manual_seed(p.seed) if p.seed is not None else None for p in params]
+
+
+def test_the_batched_sampler_picks_what_one_multinomial_per_row_picked():
+    logits, params = batch()
+    gens, ref_gens = generators(params), generators(params)
+    for _ in range(50):  # 50 steps: the generators advance alike on both sides
+        got = sample_tokens(logits, params, BANNED, gens)
+        want = per_row_multinomial(logits, params, BANNED, ref_gens)
+        assert got.tolist() == want.tolist()
+        assert not set(got.tolist()) & set(BANNED.tolist())
+        logits = logits.roll(1, dims=-1)
+
+
+def test_a_rows_token_does_not_depend_on_its_batch():
+    logits, params = batch()
+    together = sample_tokens(logits, params, BANNED, generators(params)).tolist()
+    alone = [sample_tokens(logits[b : b + 1], [p], BANNED, generators([p])).item() for b, p in enumerate(params)]
+    assert together == alone
+
+
+def test_a_non_finite_row_is_an_error_naming_it():
+    logits, params = batch()
+    logits[2, 10] = float("nan")
+    with pytest.raises(RuntimeError, match=r"rows \[2\] are not finite"):
+        sample_tokens(logits, params, BANNED, generators(params))
