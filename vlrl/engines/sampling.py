@@ -82,9 +82,9 @@ def sample_tokens(
     Returns ``[B]`` int64. Greedy rows take the argmax of the banned-masked logits; sampled rows draw from
     softmax(truncate(masked / T)) with their own generator (reproducible per request), as ``torch.multinomial(probs,
     1, generator=g)`` draws: argmax(probs / q), q ~ Exp(1) from ``g`` over the row. The rows are drawn together —
-    one exponential fill per row, the rest batched — where one multinomial per row cost a host sync and ~6 kernels
-    a row each step (16,384 of them for 256 requests of 64 tokens). The tokens are the same either way
-    (``tests/foundation/test_sampling.py``).
+    one exponential fill per row, the rest batched (on a CPU in blocks of :data:`CPU_ROWS`) — where one multinomial
+    per row cost a host sync and ~6 kernels a row each step (16,384 of them for 256 requests of 64 tokens). The
+    tokens are the same either way (``tests/foundation/test_sampling.py``; on CUDA ``benchmarks/sampler_speed.py``).
     """
     masked = logits.float().index_fill(1, banned.to(logits.device), float("-inf"))
     rows = [b for b, p in enumerate(params) if p.temperature != 0]
@@ -104,9 +104,18 @@ def sample_tokens(
     if not bool(torch.isfinite(top).all()):
         bad = [rows[j] for j in (~torch.isfinite(top)).nonzero()[:, 0].tolist()]
         raise RuntimeError(f"sampling: the logits of batch rows {bad} are not finite")
-    probs = torch.softmax(scaled, dim=-1)
-    race = torch.empty_like(probs)
-    for j, b in enumerate(rows):
-        race[j].exponential_(1.0, generator=generators[b])
-    picked = torch.div(probs, race, out=race).argmax(dim=-1)
+    block = len(rows) if scaled.is_cuda else CPU_ROWS
+    picks = []
+    for lo in range(0, len(rows), block):
+        probs = torch.softmax(scaled[lo : lo + block], dim=-1)
+        race = torch.empty_like(probs)
+        for j in range(len(probs)):
+            race[j].exponential_(1.0, generator=generators[rows[lo + j]])
+        picks.append(torch.div(probs, race, out=race).argmax(dim=-1))
+    picked = torch.cat(picks)
     return picked if every else tokens.index_copy(0, index, picked)
+
+
+CPU_ROWS = 4
+"""Rows a CPU draws at a time: 4 × 151,936 fp32 probabilities stay in cache, a whole batch's do not (64 rows at
+once made the step 12 % slower than one row at a time on 2 cores; the GPU draws all rows at once)."""
