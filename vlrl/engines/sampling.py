@@ -88,7 +88,7 @@ def sample_tokens(
     """
     masked = logits.float().index_fill(1, banned.to(logits.device), float("-inf"))
     rows = [b for b, p in enumerate(params) if p.temperature != 0]
-    if len(rows) < len(params):
+    if len(rows) < len(params) or not rows:
         tokens = masked.argmax(dim=-1)  # greedy rows keep this
     if not rows:
         return tokens

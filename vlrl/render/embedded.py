@@ -14,7 +14,9 @@ processor would do (each ``<|image_pad|>`` → ``grid.prod() / merge²`` copies,
 
 **Worker threads** (``workers``): torch runs each image-processor op on an OpenMP team as wide as the machine, so
 eight render threads on the 16-core GPU host open 128 threads beside the inference servers' processes on the same
-cores. The pool is the parallelism: each worker runs its ops on itself (``intra_op_threads``, default 1).
+cores. The pool is the parallelism: each worker runs its ops on itself (``intra_op_threads``, default 1). Timed on
+the H100 against the wide pool in the same rounds, vLLM rollouts moved by less than a round's spread
+(benchmarks/results/vllm_gpu_h100/NOTE.md, run 32); the oversubscription is gone either way.
 """
 
 from __future__ import annotations
