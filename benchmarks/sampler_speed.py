@@ -18,20 +18,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from vlrl.bench.env import git_commit, host, versions
-from vlrl.engines.sampling import sample_tokens, truncate
+from vlrl.engines.sampling import sample_tokens, sample_tokens_per_row
 from vlrl.engines.types import SamplingParams
 
 VOCAB = 151936
-
-
-def per_row(logits, params, banned, generators):
-    """The sampler as it was: per row a softmax and a ``torch.multinomial`` (which checks its row on the host)."""
-    masked = logits.float().index_fill(1, banned, float("-inf"))
-    out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-    for b, p in enumerate(params):
-        row = truncate(masked[b] / p.temperature, p.top_k, p.top_p, p.min_p)
-        out[b] = torch.multinomial(torch.softmax(row, dim=-1), 1, generator=generators[b])[0]
-    return out
 
 
 def timed(fn, logits, params, banned, device, steps: int) -> tuple[float, list[list[int]]]:
@@ -61,7 +51,7 @@ def main() -> None:
         logits = torch.randn(4, n, VOCAB, generator=torch.Generator().manual_seed(n)).mul_(3).to(args.device)
         params = [SamplingParams(temperature=1.0, seed=i) for i in range(n)]
         batched_s, batched = timed(sample_tokens, logits, params, banned, args.device, args.steps)
-        rows_s, rows = timed(per_row, logits, params, banned, args.device, args.steps)
+        rows_s, rows = timed(sample_tokens_per_row, logits, params, banned, args.device, args.steps)
         result["by_rows"][str(n)] = {
             "batched_ms_per_step": round(batched_s * 1e3, 3),
             "per_row_ms_per_step": round(rows_s * 1e3, 3),

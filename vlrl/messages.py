@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from PIL import Image
 
 from vlrl.errors import BadInputError
 from vlrl.image_decode import ImageLimits, canonical_uri, decode_data_uri, encode_png_or_jpeg, model_image
+from vlrl.lru import LruBytes
 
 __all__ = [
     "ROLES",
@@ -114,62 +114,28 @@ def _decode_part(part: dict[str, Any], where: dict[str, int | None], limits: Ima
 def _decode_hashed(
     part: dict[str, Any], where: dict[str, int | None], limits: ImageLimits
 ) -> tuple[Image.Image, str, str]:
-    """:func:`_decode_part` and the image's :func:`image_hash`; a data URI seen before comes from the cache."""
+    """:func:`_decode_part` and the image's :func:`image_hash`; a data URI decoded before comes from
+    :data:`_DECODED`, as a copy (callers may change their image)."""
     payload = _payload(part, where)
-    if isinstance(payload, str):
-        hit = _DECODED.get(payload, limits)
-        if hit is not None:
-            return hit
+    if not isinstance(payload, str):
+        image = model_image(payload, "image part", where, limits)
+        return image, encode_png_or_jpeg(image, "PNG"), image_hash(image)
+    with _DECODED_LOCK:
+        hit = _DECODED.get((payload, limits))
+    if hit is None:
         image, source = decode_data_uri(payload, limits, where)
-        return _DECODED.put(payload, limits, (image, canonical_uri(payload, source, image), image_hash(image)))
-    image = model_image(payload, "image part", where, limits)
-    return image, encode_png_or_jpeg(image, "PNG"), image_hash(image)
+        hit = (image, canonical_uri(payload, source, image), image_hash(image))
+        with _DECODED_LOCK:
+            _DECODED.put((payload, limits), hit, image.width * image.height * len(image.getbands()))
+    return hit[0].copy(), hit[1], hit[2]
 
 
-class _DecodedUris:
-    """Data URIs decoded before: ``(URI, limits) -> (image, canonical URI, pixel hash)``, least recently used out past
-    ``budget`` bytes of pixels. An episode sends every earlier image again each turn, and decoding and hashing them
-    again made a turn's render grow with its history: 8 expert episodes of maze2d/easy (156 turns) decoded 1,618
-    PNGs and hashed 3,236 images, 1.3 s of their 2.8 s render on one CPU core (1.7 s with this cache). Python keeps
-    a string's hash, so each earlier image of a turn costs a dict lookup. Images are handed out as copies."""
-
-    def __init__(self, budget: int = 256 * 2**20):
-        self.budget = budget
-        self._items: OrderedDict[tuple[str, ImageLimits], tuple[Image.Image, str, str]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, uri: str, limits: ImageLimits) -> tuple[Image.Image, str, str] | None:
-        with self._lock:
-            hit = self._items.get((uri, limits))
-            if hit is None:
-                return None
-            self._items.move_to_end((uri, limits))
-        return hit[0].copy(), hit[1], hit[2]
-
-    def put(self, uri: str, limits: ImageLimits, value: tuple[Image.Image, str, str]) -> tuple[Image.Image, str, str]:
-        size = _pixel_bytes(value[0])
-        if size <= self.budget:
-            with self._lock:
-                if (uri, limits) not in self._items:
-                    self._items[(uri, limits)] = (value[0].copy(), value[1], value[2])
-                    self._bytes += size
-                while self._bytes > self.budget:
-                    _, (old, _, _) = self._items.popitem(last=False)
-                    self._bytes -= _pixel_bytes(old)
-        return value
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-            self._bytes = 0
-
-
-def _pixel_bytes(image: Image.Image) -> int:
-    return image.width * image.height * len(image.getbands())
-
-
-_DECODED = _DecodedUris()
+_DECODED: LruBytes[tuple[Image.Image, str, str]] = LruBytes(256 * 2**20)
+"""Data URIs decoded before: ``(URI, limits) -> (image, canonical URI, pixel hash)``, bounded by the images' pixel
+bytes. An episode sends every earlier image again each turn, and decoding and hashing them again made a turn's
+render grow with its history: 8 expert episodes of maze2d/easy (156 turns) decoded 1,618 PNGs and hashed 3,236
+images (``benchmarks/expert_render.py``). Python keeps a string's hash, so each earlier image costs a dict lookup."""
+_DECODED_LOCK = threading.Lock()  # renders run on several threads (EmbeddedRenderer workers)
 
 
 def _payload(part: dict[str, Any], where: dict[str, int | None]) -> Any:

@@ -7,24 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlrl.engines.sampling import sample_tokens, truncate
+from vlrl.engines.sampling import sample_tokens, sample_tokens_per_row
 from vlrl.engines.types import SamplingParams
 
 V = 1000
 BANNED = torch.tensor([3, 7, 500])
-
-
-def per_row_multinomial(logits, params, banned, generators):
-    """The sampler as it was: one softmax and one multinomial per row."""
-    masked = logits.float().index_fill(1, banned, float("-inf"))
-    out = torch.empty(logits.shape[0], dtype=torch.long)
-    for b, p in enumerate(params):
-        if p.temperature == 0:
-            out[b] = torch.argmax(masked[b])
-            continue
-        row = truncate(masked[b] / p.temperature, p.top_k, p.top_p, p.min_p)
-        out[b] = torch.multinomial(torch.softmax(row, dim=-1), 1, generator=generators[b])[0]
-    return out
 
 
 def batch():
@@ -50,7 +37,7 @@ def test_the_batched_sampler_picks_what_one_multinomial_per_row_picked():
     gens, ref_gens = generators(params), generators(params)
     for _ in range(50):  # 50 steps: the generators advance alike on both sides
         got = sample_tokens(logits, params, BANNED, gens)
-        want = per_row_multinomial(logits, params, BANNED, ref_gens)
+        want = sample_tokens_per_row(logits, params, BANNED, ref_gens)
         assert got.tolist() == want.tolist()
         assert not set(got.tolist()) & set(BANNED.tolist())
         logits = logits.roll(1, dims=-1)

@@ -10,6 +10,7 @@ import pytest
 import vlrl.messages as M
 from vlrl.errors import BadInputError
 from vlrl.image_decode import ImageLimits
+from vlrl.lru import LruBytes
 from vlrl.messages import image_part, prepare_messages, user_message
 
 
@@ -20,7 +21,7 @@ def frame(seed: int, side: int = 64):
 @pytest.fixture
 def decodes(monkeypatch):
     """A fresh cache, and the count of data URIs actually decoded."""
-    monkeypatch.setattr(M, "_DECODED", M._DecodedUris())
+    monkeypatch.setattr(M, "_DECODED", LruBytes(256 * 2**20))
     calls: list[str] = []
     real = M.decode_data_uri
 
@@ -48,11 +49,11 @@ def test_a_turn_decodes_only_its_new_image(decodes):
 
 
 def test_the_cache_keeps_within_its_pixel_budget_and_hands_out_copies(decodes, monkeypatch):
-    monkeypatch.setattr(M, "_DECODED", M._DecodedUris(budget=2 * 64 * 64 * 3))  # room for two frames
+    monkeypatch.setattr(M, "_DECODED", LruBytes(2 * 64 * 64 * 3))  # room for two frames
     parts = [image_part(frame(k)) for k in range(3)]
     for part in parts:
         prepare_messages([user_message(part)])
-    assert M._DECODED._bytes <= M._DECODED.budget and len(M._DECODED._items) == 2
+    assert M._DECODED.bytes <= M._DECODED.max_bytes and len(M._DECODED) == 2
     prepare_messages([user_message(parts[0])])  # the oldest was dropped: decoded again
     assert len(decodes) == 4
     image = prepare_messages([user_message(parts[0])]).images[0]

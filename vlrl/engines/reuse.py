@@ -21,17 +21,16 @@ fresh forward (``tests/rollout/test_engine_reuse.py``).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING
 
 import torch
 
+from vlrl.lru import LruBytes
+
 if TYPE_CHECKING:
     from vlrl.render.types import RenderedPrompt
-
-V = TypeVar("V")
 
 BLOCK = 32
 """Prefix index granularity in tokens: a lookup finds a cached entry sharing the prompt's first k·BLOCK
@@ -41,47 +40,6 @@ tokens (and images), then extends the match token by token."""
 def weights_fingerprint(model: torch.nn.Module) -> int:
     """Changes whenever a parameter is replaced or written in place (``copy_``, an optimizer step)."""
     return hash(tuple((id(p), p._version) for p in model.parameters()))
-
-
-class LruBytes(Generic[V]):
-    """An LRU map bounded by the bytes of its values (each given at ``put``); ``max_bytes`` 0 keeps nothing."""
-
-    def __init__(self, max_bytes: int):
-        if max_bytes < 0:
-            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self._items: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def get(self, key: Hashable) -> V | None:
-        hit = self._items.get(key)
-        if hit is None:
-            return None
-        self._items.move_to_end(key)
-        return hit[0]
-
-    def put(self, key: Hashable, value: V, nbytes: int) -> list[Hashable]:
-        """Store ``value`` (not at all if it alone exceeds the budget); returns the keys evicted for it."""
-        if nbytes > self.max_bytes:
-            return []
-        old = self._items.pop(key, None)
-        if old is not None:
-            self.bytes -= old[1]
-        self._items[key] = (value, nbytes)
-        self.bytes += nbytes
-        evicted = []
-        while self.bytes > self.max_bytes:
-            k, (_, n) = self._items.popitem(last=False)
-            self.bytes -= n
-            evicted.append(k)
-        return evicted
-
-    def clear(self) -> None:
-        self._items.clear()
-        self.bytes = 0
 
 
 @dataclass(frozen=True)

@@ -88,13 +88,12 @@ def sample_tokens(
     """
     masked = logits.float().index_fill(1, banned.to(logits.device), float("-inf"))
     rows = [b for b, p in enumerate(params) if p.temperature != 0]
-    if len(rows) < len(params) or not rows:
-        tokens = masked.argmax(dim=-1)  # greedy rows keep this
     if not rows:
-        return tokens
+        return masked.argmax(dim=-1)
     every = len(rows) == len(params)
     index = torch.tensor(rows, device=logits.device)
     temps = torch.tensor([params[b].temperature for b in rows], dtype=torch.float32, device=logits.device)
+    # in place on ``masked`` only when no row is greedy (its argmax is needed no more)
     scaled = (masked if every else masked[index]).div_(temps[:, None])
     for j, b in enumerate(rows):
         p = params[b]
@@ -113,7 +112,26 @@ def sample_tokens(
             race[j].exponential_(1.0, generator=generators[rows[lo + j]])
         picks.append(torch.div(probs, race, out=race).argmax(dim=-1))
     picked = torch.cat(picks)
-    return picked if every else tokens.index_copy(0, index, picked)
+    return picked if every else masked.argmax(dim=-1).index_copy(0, index, picked)
+
+
+def sample_tokens_per_row(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    banned: torch.Tensor,
+    generators: Sequence[torch.Generator | None],
+) -> torch.Tensor:
+    """:func:`sample_tokens` one row at a time through ``torch.multinomial`` (the engine's sampler before
+    2026-11-26): the reference it must pick the same tokens as, in tests and ``benchmarks/sampler_speed.py``."""
+    masked = logits.float().index_fill(1, banned.to(logits.device), float("-inf"))
+    out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    for b, p in enumerate(params):
+        if p.temperature == 0:
+            out[b] = torch.argmax(masked[b])
+            continue
+        row = truncate(masked[b] / p.temperature, p.top_k, p.top_p, p.min_p)
+        out[b] = torch.multinomial(torch.softmax(row, dim=-1), 1, generator=generators[b])[0]
+    return out
 
 
 CPU_ROWS = 4

@@ -1,0 +1,67 @@
+"""What the maze curriculum's SFT spends building a batch of expert episodes (``vlrl.envs.maze_sft_data``): every
+turn re-renders the conversation so far. Times one batch of ``--rows`` episodes of a level with the decoded-image
+cache of ``vlrl.messages`` off (a zero budget) and on, each on its own fresh mazes after a warm-up batch, and
+counts the data URIs decoded; the mazes differ, so compare per turn. The tiny model on the CPU (rendering is
+CPU work on any host).
+
+    python benchmarks/expert_render.py OUT.json [--level easy] [--rows 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import vlrl.messages as M
+from vlrl.bench.env import git_commit, host, versions
+from vlrl.envs.maze_curriculum import LevelPlan, level_config
+from vlrl.envs.maze_sft_data import expert_episodes
+from vlrl.lru import LruBytes
+from vlrl.train.run import Run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--level", default="easy")
+    ap.add_argument("--rows", type=int, default=8)
+    args = ap.parse_args()
+    overrides = ("model.device=cpu", f"sft.rows_per_step={args.rows}")
+    run = Run(level_config(LevelPlan(args.level, 1, 0, overrides=overrides), "/tmp/expert_render"))
+    real, decoded = M.decode_data_uri, [0]
+
+    def counting(*a, **k):
+        decoded[0] += 1
+        return real(*a, **k)
+
+    M.decode_data_uri = counting
+    result: dict = {"level": args.level, "rows": args.rows, "commit": git_commit(), "host": host()}
+    result["versions"] = versions()
+    try:
+        expert_episodes(run, run.next_rows(args.rows), 0, masked=True)  # warm-up: imports, the processor
+        for name, budget in (("cache_off", 0), ("cache_on", 256 * 2**20)):
+            M._DECODED = LruBytes(budget)
+            decoded[0] = 0
+            t0 = time.perf_counter()
+            trajs = expert_episodes(run, run.next_rows(args.rows), 1, masked=True)
+            seconds = time.perf_counter() - t0
+            turns = sum(len(t.turns) for t in trajs)
+            result[name] = {
+                "seconds": round(seconds, 3),
+                "turns": turns,
+                "ms_per_turn": round(seconds / turns * 1e3, 2),
+            }
+            result[name]["uris_decoded"] = decoded[0]
+            print(name, json.dumps(result[name]), flush=True)
+    finally:
+        run.close()
+    Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
