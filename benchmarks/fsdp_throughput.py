@@ -2,6 +2,7 @@
 
     python benchmarks/fsdp_throughput.py --nproc 1 --size 2b --device cuda --dtype bfloat16 --plain \
         --out benchmarks/results/fsdp_h100/n1.json        # one H100: FSDP2 on 1 rank vs the plain trainer
+    ... --plain --rounds 3      # FSDP and plain launched 3 times each, alternating: the ratio within one command
     NCCL_NVLS_ENABLE=0 python benchmarks/fsdp_throughput.py --nproc 2 --size 2b --device cuda --dtype bfloat16 \
         --out benchmarks/results/fsdp_h200x2/n2.json
     python benchmarks/fsdp_throughput.py --nproc 2 --size tiny --device cpu --steps 2   # CPU / gloo smoke run
@@ -52,6 +53,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--plain", action="store_true", help="also time the plain one-process trainer")
+    p.add_argument(
+        "--rounds", type=int, default=1, help="with --plain: FSDP and plain launched this many times, alternating"
+    )
     p.add_argument(
         "--compare-one-rank",
         nargs="?",
@@ -356,9 +360,12 @@ def main() -> None:
         "group_fraction": args.group_fraction,
     }
     with tempfile.TemporaryDirectory() as tmp:
-        result["fsdp"] = summary(launch(args, "fsdp", args.nproc, _fresh(tmp, "fsdp")))
-        write(result, args.out)  # after each part: a run stopped by its clock keeps what it measured
-        if args.plain:
+        if args.plain and args.rounds > 1:
+            result.update(paired_rounds(args, tmp, result))
+        else:
+            result["fsdp"] = summary(launch(args, "fsdp", args.nproc, _fresh(tmp, "fsdp")))
+            write(result, args.out)  # after each part: a run stopped by its clock keeps what it measured
+        if args.plain and args.rounds <= 1:
             result["plain"] = summary(launch(args, "plain", 1, _fresh(tmp, "plain")))
             result["fsdp_over_plain_step_time"] = (
                 (result["fsdp"]["step_s_median"] / result["plain"]["step_s_median"]) if args.nproc == 1 else None
@@ -367,6 +374,30 @@ def main() -> None:
         if args.compare_one_rank:
             result.update(compare_one_rank(args, result["fsdp"], tmp))
     print(write(result, args.out))
+
+
+def paired_rounds(args, tmp: str, result: dict) -> dict:
+    """FSDP and plain launched ``args.rounds`` times each, alternating which goes first: the step times of one
+    machine drift by ±15 % between leases (benchmarks/results/fsdp_h100), so the ratio is taken within one
+    command. ``fsdp`` / ``plain``: the first launch of each (the single-round shape); ``rounds``: each round's
+    medians and ratio; ``fsdp_over_plain_step_time``: the median of every timed FSDP step over the median of
+    every timed plain step."""
+    rounds: list[dict] = []
+    steps: dict[str, list[float]] = {"fsdp": [], "plain": []}
+    for r in range(args.rounds):
+        order = ("fsdp", "plain") if r % 2 == 0 else ("plain", "fsdp")
+        this: dict = {"order": list(order)}
+        for mode in order:
+            s = summary(launch(args, mode, args.nproc if mode == "fsdp" else 1, _fresh(tmp, f"{mode}_{r}")))
+            result.setdefault(mode, s)
+            steps[mode] += s["ranks"][0]["step_s"]
+            this[mode] = {k: s[k] for k in ("step_s_median", "logprobs_s_median", "update_s_median")}
+            this[f"{mode}_step_s"] = s["ranks"][0]["step_s"]
+        this["fsdp_over_plain_step_time"] = this["fsdp"]["step_s_median"] / this["plain"]["step_s_median"]
+        rounds.append(this)
+        ratio = statistics.median(steps["fsdp"]) / statistics.median(steps["plain"])
+        write({**result, "rounds": rounds, "fsdp_over_plain_step_time": ratio}, args.out)  # each round kept
+    return {"rounds": rounds, "fsdp_over_plain_step_time": ratio}
 
 
 def write(result: dict, out: str | None) -> str:

@@ -130,21 +130,29 @@ def gathered(model: torch.nn.Module, backward: bool = False) -> Iterator[None]:
     backwards of one optimizer step): each block is gathered once, at its first forward, and stays whole
     until the pass ends, instead of being gathered again before every forward and backward (a whole
     compute-dtype copy of the model per rank while the pass runs: ZeRO-2's memory, not ZeRO-3's). The root
-    group is left as FSDP2 runs it (whole through the forward, which the chunked LM head relies on).
-    A no-op when plain."""
-    sharded = [b for b in blocks(model) if isinstance(b, FSDPModule)] if is_sharded(model) else []
+    group stays whole through a forward as FSDP2 runs a root (the chunked LM head relies on it); with
+    ``backward`` it stays whole through the backwards too, instead of being resharded after every
+    micro-batch's backward and gathered again by the next forward (a quarter of the 2b model: embedding and
+    LM head). A no-op when plain."""
+    if not is_sharded(model):
+        yield
+        return
+    sharded = [b for b in blocks(model) if isinstance(b, FSDPModule)]
+    root: Any = model.model
     for block in sharded:
         block.set_reshard_after_forward(False, recurse=False)
         if backward:
             block.set_reshard_after_backward(False, recurse=False)
+    if backward:
+        root.set_reshard_after_backward(False, recurse=False)
     try:
         yield
     finally:
         for block in sharded:
             block.set_reshard_after_forward(True, recurse=False)
             block.set_reshard_after_backward(True, recurse=False)
-        if sharded:
-            reshard(model)
+        root.set_reshard_after_backward(True, recurse=False)
+        reshard(model)
 
 
 def reshard(model: torch.nn.Module) -> None:
