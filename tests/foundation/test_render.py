@@ -63,6 +63,7 @@ def test_multi_image_multi_turn(tiny, arch):
     # JPEG is lossy: hash what the renderer decoded
     ims[1] = np.asarray(load_image(msgs[1]["content"][2]))
     check_rendered(r, p, ims)
+    assert p.token_ids == processor_ids(r, p)
     assert p.text.endswith("<|im_start|>assistant\n")
     # the rendered text is the template's, independently: re-derive it with the tokenizer's template
     expected = r.tokenizer.apply_chat_template(
@@ -132,7 +133,20 @@ def test_random_conversations(tiny, arch, conv, seed):
         with pytest.raises(BadInputError, match="control token"):  # env/user text cannot fake a turn
             r.render(msgs)
         return
-    check_rendered(r, r.render(msgs), images)
+    rendered = r.render(msgs)
+    check_rendered(r, rendered, images)
+    assert rendered.token_ids == processor_ids(r, rendered)
+
+
+def processor_ids(r, p) -> tuple[int, ...]:
+    """The ids as the HF processor makes them: the template text with each image's pad token repeated once per
+    merged patch, then tokenized (the renderer expands the ids instead)."""
+    text = p.text
+    if p.n_images:
+        counts = (p.image_grid_thw.prod(-1) // r.processor.image_processor.merge_size**2).tolist()
+        head, *rest = text.split("<|image_pad|>")
+        text = head + "".join("<|image_pad|>" * n + piece for n, piece in zip(counts, rest, strict=True))
+    return tuple(r.tokenizer(text)["input_ids"])
 
 
 def uri(raw: bytes, mime: str = "image/png") -> str:

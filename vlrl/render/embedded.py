@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import functools
+import itertools
 import os
 import re
 import threading
@@ -101,8 +102,8 @@ class EmbeddedRenderer:
         pixels, grid = self._vision(prepared.images, prepared.hashes)
         with self._text_lock:  # a fast tokenizer refuses calls from two threads at once ("Already borrowed")
             text = self._apply_template(_template_messages(prepared.messages), add_generation_prompt, tools)
-            ids = tuple(self.tokenizer(self._expand(text, grid))["input_ids"])
-        placeholders = self._placeholders(ids, grid, len(prepared.images))
+            ids = self.tokenizer(text)["input_ids"]
+        ids, placeholders = self._expand(ids, grid, len(prepared.images))
         return RenderedPrompt(
             token_ids=ids,
             pixel_values=pixels,
@@ -135,15 +136,33 @@ class EmbeddedRenderer:
             parts.append(hit)
         return torch.cat([p for p, _ in parts]), torch.cat([g for _, g in parts])
 
-    def _expand(self, text: str, grid) -> str:
-        """Each ``<|image_pad|>`` of the template text → one per merged patch of its image, in order."""
-        if grid is None:
-            return text
+    def _expand(self, ids: list[int], grid, n_images: int) -> tuple[tuple[int, ...], tuple[PlaceholderRange, ...]]:
+        """The template's ids with each ``<|image_pad|>`` expanded to one per merged patch of its image, and
+        each image's placeholder run.
+
+        The ids are the processor's (which expands the text, then tokenizes it): ``<|image_pad|>`` is an added
+        special token, split out of the text before the tokenizer's normaliser and pre-tokenizer see it, so the
+        text around it tokenizes alike however many there are. Expanding the ids instead of the text keeps the
+        tokenizer's work per turn to the conversation's text: a maze episode's 20th turn carried ~1,300 pad
+        tokens of its 19 earlier frames through it (``benchmarks/expert_render.py``).
+        """
+        pad = self.image_token_id
+        at = [i for i, t in enumerate(ids) if t == pad]
+        if len(at) != n_images or any(b == a + 1 for a, b in itertools.pairwise(at)):
+            raise RuntimeError(f"rendered {len(at)} image placeholders (runs of pad tokens) for {n_images} images")
+        if not at:
+            return tuple(ids), ()
         counts = (grid.prod(-1) // self.merge_size**2).tolist()
-        pieces = text.split(self.image_token)
-        if len(pieces) - 1 != len(counts):
-            raise RuntimeError(f"the template wrote {len(pieces) - 1} image placeholders for {len(counts)} images")
-        return pieces[0] + "".join(self.image_token * n + piece for n, piece in zip(counts, pieces[1:]))
+        out: list[int] = []
+        runs = []
+        prev = 0
+        for i, n in zip(at, counts, strict=True):
+            out += ids[prev:i]
+            runs.append(PlaceholderRange(len(out), n))
+            out += [pad] * n
+            prev = i + 1
+        out += ids[prev:]
+        return tuple(out), tuple(runs)
 
     def _apply_template(self, messages, add_generation_prompt: bool, tools) -> str:
         from jinja2 import TemplateError
@@ -154,23 +173,6 @@ class EmbeddedRenderer:
             )
         except TemplateError as exc:
             raise BadInputError(f"chat template refused the conversation: {exc}") from None
-
-    def _placeholders(self, ids: tuple[int, ...], grid, n_images: int) -> tuple[PlaceholderRange, ...]:
-        """One range per maximal run of image-pad tokens; checked against the grids."""
-        runs, start = [], None
-        for i, tok in enumerate(ids + (-1,)):
-            if tok == self.image_token_id and start is None:
-                start = i
-            elif tok != self.image_token_id and start is not None:
-                runs.append(PlaceholderRange(start, i - start))
-                start = None
-        if len(runs) != n_images:
-            raise RuntimeError(f"rendered {len(runs)} image placeholder runs for {n_images} images")
-        for k, run in enumerate(runs):
-            want = int(grid[k].prod()) // self.merge_size**2
-            if run.length != want:
-                raise RuntimeError(f"image {k}: {run.length} pad tokens, but its grid {grid[k].tolist()} needs {want}")
-        return tuple(runs)
 
 
 def limit_openmp_here(threads: int) -> None:
