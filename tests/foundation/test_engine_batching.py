@@ -57,3 +57,23 @@ def test_cancelled_request_is_dropped_and_the_rest_of_its_batch_survives(engine)
     assert isinstance(fc.result(timeout=60), Generation)  # B's cancellation did not reach C
     assert fb.cancelled()
     assert sum(eng.batches) == 2, eng.batches  # B was never decoded
+
+
+@pytest.mark.parametrize("gather_s, want", [(0.05, [4]), (0.0, [1, 3])])
+def test_requests_queued_a_few_ms_apart_share_a_batch(engine, gather_s, want):
+    """Concurrent episodes queue their turns a few ms apart (each renders first): a batch that is not full waits
+    ``gather_s`` after each arrival, so they decode together; without the wait the first went alone."""
+    eng, renderer = engine
+    eng.gather_s = gather_s
+    prompts = _prompts(renderer, 4)
+    eng._lock.acquire()  # with no wait, the first request's batch forms alone and waits for the lock
+    try:
+        futures = [eng.submit(prompts[0], PARAMS)]
+        for p in prompts[1:]:
+            time.sleep(0.01)
+            futures.append(eng.submit(p, PARAMS))
+        time.sleep(0.1)  # all queued (or taken) before the worker may decode
+    finally:
+        eng._lock.release()
+    assert all(isinstance(f.result(timeout=60), Generation) for f in futures)
+    assert eng.batches == want

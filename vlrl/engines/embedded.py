@@ -1,7 +1,8 @@
 """The embedded inference engine: an in-process transformers Qwen-VL model (CPU or CUDA).
 
 Requests from any thread or coroutine are queued; a worker thread takes what is queued (up to
-``max_batch``) and decodes it as one left-padded batch with a KV cache, dropping rows as they
+``max_batch``; a batch opened by a single request waits ``gather_s`` for more after each arrival, so the turns
+of concurrent episodes, queued a few ms apart, decode together) and decodes it as one left-padded batch with a KV cache, dropping rows as they
 finish. One :meth:`EmbeddedEngine.generate` call is queued as one unit, so its prompts share one
 batch (what the batch-invariance check, ``vlrl.checks.batch_invariance``, relies on). Positions are
 explicit mRoPE ids from the image grids (``vlrl.models.positions``), the same function the trainer
@@ -20,6 +21,7 @@ import asyncio
 import os
 import queue
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -58,6 +60,15 @@ class _Request:
     finish: Generation | None = None
 
 
+class _Unit(list):
+    """Requests queued together: one ``submit`` (``waits``: its batch may wait for more, see
+    :meth:`EmbeddedEngine._next_batch`) or one ``generate`` call (a whole batch as its caller meant it)."""
+
+    def __init__(self, requests: Sequence[_Request], waits: bool):
+        super().__init__(requests)
+        self.waits = waits
+
+
 class EmbeddedEngine:
     """Token-in/token-out generation with honest logprobs (see the contract in ``engines.types``)."""
 
@@ -70,10 +81,15 @@ class EmbeddedEngine:
         max_context: int | None = None,
         image_cache_bytes: int = 256 << 20,
         prefix_cache_bytes: int = 1 << 30,
+        gather_s: float = 0.01,
+        gather_cap_s: float = 0.25,
     ):
+        """``gather_s``: how long a batch that is not full waits for one more request before it starts (each
+        arrival waits again), at most ``gather_cap_s`` in all (see :meth:`_next_batch`); 0 starts at once."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch = max_batch
+        self.gather_s, self.gather_cap_s = gather_s, gather_cap_s
         self.max_context = max_context or int(model.config.text_config.max_position_embeddings)
         gen_eos = getattr(model.generation_config, "eos_token_id", None)
         eos = gen_eos if gen_eos is not None else tokenizer.eos_token_id
@@ -82,8 +98,8 @@ class EmbeddedEngine:
         self.banned_ids = torch.tensor([tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS], dtype=torch.long)
         self.weight_version = 0
         self._lock = threading.Lock()  # held while a batch runs or weights change
-        self._queue: queue.Queue[list[_Request]] = queue.Queue()  # units: one submit or one generate call
-        self._held: list[_Request] | None = None  # a unit that did not fit the last batch: first in the next
+        self._queue: queue.Queue[_Unit] = queue.Queue()  # units: one submit or one generate call
+        self._held: _Unit | None = None  # a unit that did not fit the last batch: first in the next
         self._worker: threading.Thread | None = None
         self._vision = VisionCache(image_cache_bytes)  # on the model's device: 0 bytes turns it off
         self._prefix = PrefixCache(prefix_cache_bytes)
@@ -109,7 +125,7 @@ class EmbeddedEngine:
         """Queue one request; the future resolves to a :class:`Generation` (or the error).
         Cancelling the future before its batch starts drops the request."""
         request = self._request(prompt, params)
-        self._enqueue([request])
+        self._enqueue(_Unit([request], waits=True))
         return request.future
 
     def generate(
@@ -123,7 +139,7 @@ class EmbeddedEngine:
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         requests = [self._request(p, sp) for p, sp in zip(prompts, params)]
         for start in range(0, len(requests), self.max_batch):
-            self._enqueue(requests[start : start + self.max_batch])
+            self._enqueue(_Unit(requests[start : start + self.max_batch], waits=False))
         return [r.future.result() for r in requests]
 
     async def agenerate(self, prompt: RenderedPrompt, params: SamplingParams = SamplingParams()) -> Generation:
@@ -144,7 +160,7 @@ class EmbeddedEngine:
 
     # ------------------------------------------------------------------ worker
 
-    def _enqueue(self, unit: list[_Request]) -> None:
+    def _enqueue(self, unit: _Unit) -> None:
         if self._worker is None or not self._worker.is_alive():
             self._worker = threading.Thread(target=self._serve, name="vlrl-embedded-engine", daemon=True)
             self._worker.start()
@@ -153,13 +169,22 @@ class EmbeddedEngine:
     def _next_batch(self) -> list[_Request]:
         """Block for one unit, then add whole queued units, in order, while they fit in ``max_batch`` (the
         first that does not fit opens the next batch); requests whose future was cancelled meanwhile are
-        dropped here (never decoded, never poisoning a batch)."""
+        dropped here (never decoded, never poisoning a batch).
+
+        A batch opened by a ``submit`` that is not full waits ``gather_s`` for the next unit after each
+        arrival, ``gather_cap_s`` at most (a ``generate`` call's batch starts at once): concurrent episodes
+        render their turns on the renderer's threads and queue them a few ms apart, and without the wait the
+        first request of a turn started a batch of its own, the others waiting for it to finish (8 maze
+        episodes on the CPU: batches of 1 then 7 every turn). Batch composition changes no logprob (batch
+        invariance) and no sampled token (each request draws from its own generator)."""
         units = [self._held if self._held is not None else self._queue.get()]
         self._held = None
         size = len(units[0])
-        while True:
+        cap = time.monotonic() + (self.gather_cap_s if units[0].waits else 0.0)
+        while size < self.max_batch:
+            wait = min(self.gather_s, cap - time.monotonic())
             try:
-                unit = self._queue.get_nowait()
+                unit = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
             except queue.Empty:
                 break
             if size + len(unit) > self.max_batch:
