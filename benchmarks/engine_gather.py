@@ -47,7 +47,12 @@ def main() -> None:
             engine = EmbeddedEngine(model, renderer.tokenizer, gather_s=gather)  # fresh caches each run
             sizes: list[int] = []
             decode = engine._decode
-            engine._decode = lambda reqs, d=decode, s=sizes: (s.append(len(reqs)), d(reqs))[1]  # type: ignore[method-assign]
+
+            def counted(reqs, decode=decode, sizes=sizes):
+                sizes.append(len(reqs))
+                return decode(reqs)
+
+            engine._decode = counted  # type: ignore[method-assign]
             t0 = time.perf_counter()
             turns, _ = rollout_turns(
                 renderer, engine, episodes=args.episodes, turns=args.turns, max_tokens=args.max_tokens
