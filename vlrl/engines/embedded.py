@@ -3,10 +3,10 @@
 Requests from any thread or coroutine are queued; a worker thread takes what is queued (up to
 ``max_batch``; a batch opened by a single request waits ``gather_s`` for more after each arrival, so the turns
 of concurrent episodes, queued a few ms apart, decode together) and decodes it as one left-padded batch with
-a KV cache, dropping rows as they finish. One :meth:`EmbeddedEngine.generate` call is queued as one unit, so its prompts share one
-batch (what the batch-invariance check, ``vlrl.checks.batch_invariance``, relies on). Positions are
-explicit mRoPE ids from the image grids (``vlrl.models.positions``), the same function the trainer
-uses. Vision placeholder ids are never sampled. New weights arrive in memory between batches.
+a KV cache, dropping rows as they finish. One :meth:`EmbeddedEngine.generate` call is queued as one unit, so
+its prompts share one batch (what the batch-invariance check, ``vlrl.checks.batch_invariance``, relies on).
+Positions are explicit mRoPE ids from the image grids (``vlrl.models.positions``), the same function the
+trainer uses. Vision placeholder ids are never sampled. New weights arrive in memory between batches.
 
 **Reuse** (``vlrl.engines.reuse``): image features are cached by content hash, and a finished request's
 keys / values stay cached by token prefix, so a multi-turn turn prefills only what is new since its previous
