@@ -4,6 +4,7 @@ poisons the requests of the next one."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -77,3 +78,26 @@ def test_requests_queued_a_few_ms_apart_share_a_batch(engine, gather_s, want):
         eng._lock.release()
     assert all(isinstance(f.result(timeout=60), Generation) for f in futures)
     assert eng.batches == want
+
+
+def test_a_generate_calls_batch_starts_without_waiting(engine):
+    """A generate call is a whole batch as its caller meant it: it does not wait for requests queued after it."""
+    eng, renderer = engine
+    eng.gather_s = eng.gather_cap_s = 1.0
+    a, b, c = _prompts(renderer, 3)
+    eng._lock.acquire()  # the generate call's batch forms and waits for the lock
+    try:
+        done: list = []
+        call = threading.Thread(target=lambda: done.append(eng.generate([a, b], PARAMS)))
+        call.start()
+        for _ in range(200):
+            if eng._queue.empty():
+                break
+            time.sleep(0.01)
+        time.sleep(0.1)
+        late = eng.submit(c, PARAMS)
+    finally:
+        eng._lock.release()
+    call.join(timeout=60)
+    assert isinstance(late.result(timeout=60), Generation) and len(done[0]) == 2
+    assert eng.batches == [2, 1]

@@ -15,6 +15,8 @@ from vlrl.errors import BadInputError
 from vlrl.messages import TURN_TOKENS, ImageLimits, image_hash, image_part, load_image
 from vlrl.render.embedded import RESERVED_IN_TEXT
 
+from .test_render_cache import processor_render
+
 IMAGE_PAD = 151655
 
 
@@ -63,7 +65,7 @@ def test_multi_image_multi_turn(tiny, arch):
     # JPEG is lossy: hash what the renderer decoded
     ims[1] = np.asarray(load_image(msgs[1]["content"][2]))
     check_rendered(r, p, ims)
-    assert p.token_ids == processor_ids(r, p)
+    assert list(p.token_ids) == processor_render(r, msgs)["input_ids"][0].tolist()
     assert p.text.endswith("<|im_start|>assistant\n")
     # the rendered text is the template's, independently: re-derive it with the tokenizer's template
     expected = r.tokenizer.apply_chat_template(
@@ -135,18 +137,7 @@ def test_random_conversations(tiny, arch, conv, seed):
         return
     rendered = r.render(msgs)
     check_rendered(r, rendered, images)
-    assert rendered.token_ids == processor_ids(r, rendered)
-
-
-def processor_ids(r, p) -> tuple[int, ...]:
-    """The ids as the HF processor makes them: the template text with each image's pad token repeated once per
-    merged patch, then tokenized (the renderer expands the ids instead)."""
-    text = p.text
-    if p.n_images:
-        counts = (p.image_grid_thw.prod(-1) // r.processor.image_processor.merge_size**2).tolist()
-        head, *rest = text.split("<|image_pad|>")
-        text = head + "".join("<|image_pad|>" * n + piece for n, piece in zip(counts, rest, strict=True))
-    return tuple(r.tokenizer(text)["input_ids"])
+    assert list(rendered.token_ids) == processor_render(r, msgs)["input_ids"][0].tolist()  # it expands ids
 
 
 def uri(raw: bytes, mime: str = "image/png") -> str:

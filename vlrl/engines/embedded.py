@@ -1,12 +1,11 @@
 """The embedded inference engine: an in-process transformers Qwen-VL model (CPU or CUDA).
 
-Requests from any thread or coroutine are queued; a worker thread takes what is queued (up to
-``max_batch``; a batch opened by a single request waits ``gather_s`` for more after each arrival, so the turns
-of concurrent episodes, queued a few ms apart, decode together) and decodes it as one left-padded batch with
-a KV cache, dropping rows as they finish. One :meth:`EmbeddedEngine.generate` call is queued as one unit, so
-its prompts share one batch (what the batch-invariance check, ``vlrl.checks.batch_invariance``, relies on).
-Positions are explicit mRoPE ids from the image grids (``vlrl.models.positions``), the same function the
-trainer uses. Vision placeholder ids are never sampled. New weights arrive in memory between batches.
+Requests from any thread or coroutine are queued; a worker thread takes what is queued (up to ``max_batch``,
+waiting briefly for concurrent episodes' turns: :meth:`EmbeddedEngine._next_batch`) and decodes it as one
+left-padded batch with a KV cache, dropping rows as they finish. One :meth:`EmbeddedEngine.generate` call is one
+unit, so its prompts share one batch (what ``vlrl.checks.batch_invariance`` relies on). Positions are explicit
+mRoPE ids from the image grids (``vlrl.models.positions``), the trainer's function. Vision placeholder ids are
+never sampled. New weights arrive in memory between batches.
 
 **Reuse** (``vlrl.engines.reuse``): image features are cached by content hash, and a finished request's
 keys / values stay cached by token prefix, so a multi-turn turn prefills only what is new since its previous
@@ -61,8 +60,7 @@ class _Request:
 
 
 class _Unit(list):
-    """Requests queued together: one ``submit`` (``waits``: its batch may wait for more, see
-    :meth:`EmbeddedEngine._next_batch`) or one ``generate`` call (a whole batch as its caller meant it)."""
+    """Requests queued together: one ``submit`` (``waits``: its batch may wait for more) or one ``generate`` call."""
 
     def __init__(self, requests: Sequence[_Request], waits: bool):
         super().__init__(requests)
@@ -85,13 +83,8 @@ class EmbeddedEngine:
         gather_cap_s: float = 0.25,
     ):
         """``gather_s``: how long a batch that is not full waits for one more request before it starts (each
-        arrival waits again), at most ``gather_cap_s`` in all (see :meth:`_next_batch`); 0 starts at once.
-
-        Measured (``benchmarks/engine_gather.py``, 8 maze episodes, ``benchmarks/results/engine_gather/``): on an
-        H100 (2b, 16 turns) a rollout took 20.1 s with a 10 ms wait against 47.3 s without (batches of 8 against
-        1 + 7 every turn); in a second round, on a slower pace of that host, arrivals spread past 10 ms and turns
-        split again (38.2 vs 40.6 s), hence 30 ms: on another H100 every turn was one batch of 8, 29.5 s in all.
-        On 2 CPU cores (tiny, 6 turns) 30 ms took 4.00 and 3.98 s against 4.14 and 4.06 s without."""
+        arrival waits again), at most ``gather_cap_s`` in all (see :meth:`_next_batch`); 0 starts at once. 30 ms
+        because 10 ms let the turns split again on a slowed H100 host (``benchmarks/results/engine_gather/``)."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch = max_batch
@@ -181,8 +174,9 @@ class EmbeddedEngine:
         arrival, ``gather_cap_s`` at most (a ``generate`` call's batch starts at once): concurrent episodes
         render their turns on the renderer's threads and queue them a few ms apart, and without the wait the
         first request of a turn started a batch of its own, the others waiting for it to finish (8 maze
-        episodes on the CPU: batches of 1 then 7 every turn). Batch composition changes no logprob (batch
-        invariance) and no sampled token (each request draws from its own generator)."""
+        episodes: batches of 1 then 7 every turn; on an H100 a 16-turn rollout took 47.3 s so, 20.1 s with the
+        wait, ``benchmarks/engine_gather.py``). Batch composition changes no logprob (batch invariance) and no
+        sampled token (each request draws from its own generator)."""
         units = [self._held if self._held is not None else self._queue.get()]
         self._held = None
         size = len(units[0])

@@ -9,8 +9,9 @@ processor computes each image's vision tensors with the torchvision backend (vLL
 processor costs ~30 ms per image on a CPU core (a 16-image maze turn: 518 ms, the first turn 25 ms).
 Each image's ``(pixel_values, grid)`` is therefore kept by the hash of its decoded pixels (LRU,
 ``cache_images`` entries), so a turn costs its new image only. The placeholder expansion the
-processor would do (each ``<|image_pad|>`` → ``grid.prod() / merge²`` copies, in order) is done here;
-``tests/foundation/test_render_cache.py`` checks ids, grids and pixels against the processor's own call.
+processor would do (each ``<|image_pad|>`` → ``grid.prod() / merge²`` copies, in order) is done here, on the
+ids (:meth:`EmbeddedRenderer._expand`); ``tests/foundation/test_render_cache.py`` checks ids, grids and pixels
+against the processor's own call.
 
 **Worker threads** (``workers``): torch runs each image-processor op on an OpenMP team as wide as the machine, so
 eight render threads on the 16-core GPU host open 128 threads beside the inference servers' processes on the same
