@@ -46,6 +46,14 @@ class LruBytes(Generic[V]):
             evicted.append(k)
         return evicted
 
+    def pop(self, key: Hashable) -> V | None:
+        """Remove ``key``; returns its value (None when absent)."""
+        hit = self._items.pop(key, None)
+        if hit is None:
+            return None
+        self.bytes -= hit[1]
+        return hit[0]
+
     def clear(self) -> None:
         self._items.clear()
         self.bytes = 0

@@ -11,7 +11,9 @@ Each image's ``(pixel_values, grid)`` is therefore kept by the hash of its decod
 ``cache_images`` entries), so a turn costs its new image only. The placeholder expansion the
 processor would do (each ``<|image_pad|>`` → ``grid.prod() / merge²`` copies, in order) is done here, on the
 ids (:meth:`EmbeddedRenderer._expand`); ``tests/foundation/test_render_cache.py`` checks ids, grids and pixels
-against the processor's own call.
+against the processor's own call. The images' rows are joined by :class:`vlrl.render.pixel_runs.PixelRuns`, which
+copies only a turn's new image after the last turn's (``torch.cat`` of all of them every turn was a third of an
+expert episode's render time).
 
 **Worker threads** (``workers``): torch runs each image-processor op on an OpenMP team as wide as the machine, so
 eight render threads on the 16-core GPU host open 128 threads beside the inference servers' processes on the same
@@ -37,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from vlrl.errors import BadInputError
 from vlrl.image_decode import ImageLimits
 from vlrl.messages import RESERVED_IN_TEXT, prepare_messages
+from vlrl.render.pixel_runs import PixelRuns
 from vlrl.render.types import PlaceholderRange, RenderedPrompt, Renderer
 
 __all__ = ["EmbeddedRenderer", "RESERVED_IN_TEXT"]
@@ -67,6 +70,7 @@ class EmbeddedRenderer:
         self.cache_images = cache_images
         self._cache: OrderedDict[str, tuple[Any, Any]] = OrderedDict()  # pixel hash -> (pixel_values, grid)
         self._cache_lock = threading.Lock()
+        self._runs = PixelRuns()  # each conversation's pixel rows, extended a turn at a time
         self._text_lock = threading.Lock()
         self._pool = None
         if workers > 0:
@@ -135,7 +139,7 @@ class EmbeddedRenderer:
                     while len(self._cache) > self.cache_images:
                         self._cache.popitem(last=False)
             parts.append(hit)
-        return torch.cat([p for p, _ in parts]), torch.cat([g for _, g in parts])
+        return self._runs.concat(hashes, [p for p, _ in parts]), torch.cat([g for _, g in parts])
 
     def _expand(self, ids: list[int], grid, n_images: int) -> tuple[tuple[int, ...], tuple[PlaceholderRange, ...]]:
         """The template's ids with each ``<|image_pad|>`` expanded to one per merged patch of its image, and

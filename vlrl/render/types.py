@@ -24,7 +24,8 @@ class RenderedPrompt:
 
     token_ids:      the prompt, placeholders already expanded (one ``<|image_pad|>`` per merged patch).
     pixel_values:   ``[n_patches, C * temporal_patch * patch * patch]`` float32 for all images in order,
-                    normalised; ``None`` without images.
+                    normalised; ``None`` without images. It may share memory with the same conversation's
+                    other turns (``vlrl.render.pixel_runs``): read it, never write it in place.
     image_grid_thw: ``[n_images, 3]`` int64 (temporal, height, width in patches); ``None`` without images.
     placeholders:   one :class:`PlaceholderRange` per image, in order.
     image_hashes:   one sha256 per image over its decoded RGB pixels (see ``vlrl.messages.image_hash``).

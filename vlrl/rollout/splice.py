@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vlrl.errors import VlrlError
+from vlrl.render.pixel_runs import same_memory
 from vlrl.render.types import PlaceholderRange, RenderedPrompt, Renderer
 
 TURN_START = "<|im_start|>"
@@ -95,7 +96,8 @@ def check_earlier_images(prev: RenderedPrompt, new: RenderedPrompt, turn: int, *
     if not torch.equal(new_grid[:n], prev_grid):
         raise PrefixError(f"turn {turn}: earlier image grids changed: {prev_grid.tolist()} vs {new_grid[:n].tolist()}")
     rows = int(prev_grid.prod(-1).sum())
-    if not torch.equal(new_pixels[:rows], prev_pixels):
+    # The embedded renderer hands a turn's earlier rows as the very memory of the last turn's (PixelRuns).
+    if not same_memory(new_pixels[:rows], prev_pixels) and not torch.equal(new_pixels[:rows], prev_pixels):
         raise PrefixError(f"turn {turn}: the pixel values of earlier images changed in the re-render")
 
 
