@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from vlrl.envs.maze_models import CurriculumModel
+    from vlrl.envs.maze_sft_pool import PoolFill
     from vlrl.models.build import InitScheme
 
 EVAL_SEED = 10_000_019
@@ -48,7 +49,10 @@ class LevelPlan:
     eval_every: int = 0
     """Evaluate every N RL steps as well (0: only after SFT and at the end)."""
     sft_pool: int = 48
-    """SFT batches generated and then cycled over (see :func:`sft_phase`)."""
+    """SFT batches kept and cycled over (see :func:`sft_phase`)."""
+    sft_fill: PoolFill = "first"
+    """How the pool fills (:mod:`vlrl.envs.maze_sft_pool`): the first steps each build a batch, or a thread builds
+    batches throughout the phase while the steps train (a sliding window of the freshest)."""
     sft_lr_scale: tuple[tuple[str, float], ...] = ()
     """SFT learning rate per module group as a factor of ``sft.lr`` (e.g. ``(("vision", 10.0),)``)."""
     mask_detours: bool = False
@@ -191,56 +195,47 @@ def sft_lr_factor(elapsed: float, budget: float, warmup: float = 0.0, step_secon
 def sft_phase(run, deadline: float, plan: LevelPlan) -> tuple[int, int]:
     """SFT steps (cross-entropy on expert episodes, its own AdamW, as ``vlrl.train.loop.sft``) until
     ``deadline``, or until the probe reaches ``plan.sft_until``; the engine gets the weights at the end.
-    Returns (steps, episodes generated).
+    Returns (steps, episodes built).
 
-    The expert's episodes do not depend on the model, and generating them (rendering every turn's
-    conversation) costs far more than an update of the tiny model, so the first ``plan.sft_pool`` steps each roll
-    out a fresh batch and keep it; later steps cycle over the kept batches (epochs over a fixed set of
-    ``pool * sft.rows_per_step`` demonstrations). A step starts only while the last step's time still fits.
-    For the first ``plan.first_turns`` seconds the rows are cut to their first turn (:func:`first_turn_row`; a
-    pool of their own). The learning rate (``sft.lr`` times the group's factor in ``plan.sft_lr_scale``) decays
+    The batches come from a pool of ``plan.sft_pool`` kept batches (:class:`vlrl.envs.maze_sft_pool.SftPool`, filled
+    as ``plan.sft_fill`` says). A step starts only while the last step's time still fits. For the first
+    ``plan.first_turns`` seconds the rows are cut to their first turn (:func:`first_turn_row`; a pool of their own),
+    then whole episodes. The learning rate (``sft.lr`` times the group's factor in ``plan.sft_lr_scale``) decays
     linearly with the clock to 10 % at the deadline, after a linear ramp from 0 over ``plan.sft_warmup`` seconds.
     ``plan.mask_detours``: the recovery expert's detour turns stay in the history but out of the loss
     (:mod:`vlrl.envs.maze_sft_data`).
     """
-    from vlrl.envs.maze_sft_data import expert_episodes
-    from vlrl.train.loop import require_batch
+    from vlrl.envs.maze_sft_pool import SftPool
     from vlrl.train.trainer import Trainer
 
     cfg = run.cfg
     optim = dataclasses.replace(cfg.optim, lr=cfg.sft.lr, lr_scale=dict(plan.sft_lr_scale), warmup_steps=0)
     trainer = Trainer(run.model, cfg.algo, optim)  # lr=None: per-group rates from optim.lr_scale (own clock)
     base = [g["lr"] for g in trainer.optimizer.param_groups]
-    pools: dict[bool, list] = {True: [], False: []}  # first turns only / whole episodes
+    pool = SftPool(run, plan.sft_pool, masked=plan.mask_detours, fill=plan.sft_fill, deadline=deadline)
     probe = run.next_rows(plan.probe_rows) if plan.sft_until else []
     k, last, t0, probed = 0, 0.0, time.time(), time.time()
-    while k < cfg.sft.steps and time.time() + last < deadline:
-        t = time.time()
-        decay = sft_lr_factor(t - t0, deadline - t0, plan.sft_warmup, last)
-        for group, lr in zip(trainer.optimizer.param_groups, base, strict=True):
-            group["lr"] = lr * decay
-        first = t - t0 < plan.first_turns
-        if probe and not first and t - probed >= plan.probe_seconds:
-            probed = time.time()
-            if probe_success(run, probe, k) >= plan.sft_until:
-                break
-        kept = pools[first]
-        if len(kept) < max(1, plan.sft_pool):
-            rows = run.next_rows(cfg.sft.rows_per_step)
-            rows = [first_turn_row(r) for r in rows] if first else rows
-            trajs = expert_episodes(run, rows, k, masked=plan.mask_detours and not first)
-            kept.append(require_batch(run, trajs, f"SFT step {k + 1}"))
-            batch = kept[-1]
-        else:
-            batch = kept[k % len(kept)]
-        values = run.sft_update(trainer, batch)
-        k += 1
-        run.state.sft_step = k
-        episodes = len(pools[False]) * cfg.sft.rows_per_step
-        run.log.metrics(k, "sft", values | {"sft_episodes": episodes, "first_turns": float(first), "lr_factor": decay})
-        last = time.time() - t
+    try:
+        while k < cfg.sft.steps and time.time() + last < deadline:
+            t = time.time()
+            decay = sft_lr_factor(t - t0, deadline - t0, plan.sft_warmup, last)
+            for group, lr in zip(trainer.optimizer.param_groups, base, strict=True):
+                group["lr"] = lr * decay
+            first = t - t0 < plan.first_turns
+            if probe and not first and t - probed >= plan.probe_seconds:
+                probed = time.time()
+                if probe_success(run, probe, k) >= plan.sft_until:
+                    break
+            values = run.sft_update(trainer, pool.batch(k, first))
+            k += 1
+            run.state.sft_step = k
+            extra = {"sft_episodes": pool.built[False] * cfg.sft.rows_per_step, "first_turns": float(first)}
+            run.log.metrics(k, "sft", values | extra | {"lr_factor": decay})
+            last = time.time() - t
+    finally:
+        pool.close()
     run.sync_weights()
-    return k, (len(pools[False]) + len(pools[True])) * cfg.sft.rows_per_step
+    return k, pool.episodes()
 
 
 def probe_success(run, rows, step: int) -> float:
