@@ -12,8 +12,7 @@ Each image's ``(pixel_values, grid)`` is therefore kept by the hash of its decod
 processor would do (each ``<|image_pad|>`` → ``grid.prod() / merge²`` copies, in order) is done here, on the
 ids (:meth:`EmbeddedRenderer._expand`); ``tests/foundation/test_render_cache.py`` checks ids, grids and pixels
 against the processor's own call. The images' rows are joined by :class:`vlrl.render.pixel_runs.PixelRuns`, which
-copies only a turn's new image after the last turn's (``torch.cat`` of all of them every turn was a third of an
-expert episode's render time).
+copies only a turn's new image after the last turn's instead of ``torch.cat`` of all of them every turn.
 
 **Worker threads** (``workers``): torch runs each image-processor op on an OpenMP team as wide as the machine, so
 eight render threads on the 16-core GPU host open 128 threads beside the inference servers' processes on the same
