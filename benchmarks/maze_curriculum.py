@@ -39,6 +39,7 @@ def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
         mask_detours=args.mask_detours,
         sft_pool=int(rest[0]) if rest else LevelPlan.sft_pool,
         sft_fill=args.sft_fill,
+        sft_builders=args.sft_builders,
         sft_warmup=args.sft_warmup,
         first_turns=float(rest[1]) if len(rest) > 1 else args.first_turns,
         sft_until=args.sft_until,
@@ -59,8 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sft-scale", action="append", default=[], help="group=factor on sft.lr (vision, merger, ...)")
     ap.add_argument("--mask-detours", action="store_true", help="the expert's detour turns out of the SFT loss")
     ap.add_argument(
-        "--sft-fill", choices=["first", "background"], default="first", help="how the SFT pool fills (maze_sft_pool)"
+        "--sft-fill",
+        choices=["first", "background", "processes"],
+        default="first",
+        help="how the SFT pool fills (maze_sft_pool)",
     )
+    ap.add_argument("--sft-builders", type=int, default=0, help="worker processes of --sft-fill processes (0: cores-2)")
     ap.add_argument("--sft-warmup", type=float, default=0.0, help="seconds of linear SFT lr warm-up from 0")
     ap.add_argument("--first-turns", type=float, default=0.0, help="seconds of SFT on the first turns alone first")
     ap.add_argument("--sft-until", type=float, default=0.0, help="end SFT once probe success reaches this fraction")

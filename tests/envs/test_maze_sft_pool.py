@@ -1,14 +1,18 @@
 """The maze curriculum's SFT pool (``vlrl.envs.maze_sft_pool``): filled first, it builds ``size`` batches and then
 cycles over them; filled in the background, a thread keeps building real expert batches while steps train, the
-pool a sliding window of the freshest, a step waiting only while the pool is empty."""
+pool a sliding window of the freshest, a step waiting only while the pool is empty; filled by worker processes
+(``vlrl.envs.maze_sft_farm``), the same window from several builders at once, each batch the one the run's own
+renderer builds."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from vlrl.envs.maze_curriculum import LevelPlan, level_config, sft_phase
 from vlrl.envs.maze_sft_pool import SftPool
@@ -68,7 +72,7 @@ def test_the_background_builder_stops_before_the_deadline(run):
         pool.batch(0, first=False)
         time.sleep(1.0)
         pool.batch(1, first=False)
-        assert pool._pending is None  # past the deadline no batch is started (the phase would wait on it)
+        assert not pool._inflight  # past the deadline no batch is started (the phase would wait on it)
     finally:
         pool.close()
 
@@ -90,3 +94,42 @@ def test_sft_phase_trains_from_a_background_pool(tmp_path):
         run.close()
     assert steps == 4 and episodes >= 2
     assert not [t for t in threading.enumerate() if t.name.startswith("vlrl-sft-pool")]
+
+
+def test_worker_processes_keep_the_window_filled_several_at_once(run):
+    pool = SftPool(run, 2, masked=True, fill="processes", builders=2)
+    farm = pool._farm
+    try:
+        batches = [pool.batch(0, first=False)]  # waits for the workers' first batch
+        assert farm is not None and farm.workers == 2 and pool.parallel == 2
+        t = time.time()
+        while pool.built[False] < 6 and time.time() - t < 120:
+            assert len(pool._inflight) == 2  # both workers busy: a new batch started as each one came back
+            batches.append(pool.batch(len(batches), first=False))
+            time.sleep(0.05)
+        assert pool.built[False] >= 6 and len(pool.kept[False]) == 2  # a sliding window over many more batches
+        assert len({id(b) for b in batches}) > 2
+    finally:
+        pool.close()
+    assert pool._farm is None and not os.path.exists(farm._spool)  # workers stopped, spool removed
+
+
+def test_a_workers_batch_is_the_runs_own_token_for_token_and_pixel_for_pixel(run):
+    """The workers' renderer is the engine's, built from the model's directory: same rows, same seed, same batch."""
+    import dataclasses
+
+    from vlrl.envs.maze_sft_farm import ExpertFarm
+
+    # Detours (drawn per row seed), out of the loss: the mask setting travels to the worker too.
+    rows = [dataclasses.replace(r, extras={"expert_noise": 0.5, "max_turns": 6}) for r in run.next_rows(2)]
+    farm = ExpertFarm(run, 1)
+    try:
+        theirs = farm.load(farm.submit(rows, 3, True, "SFT batch 1"))
+    finally:
+        farm.close()
+    mine = SftPool(run, 1, masked=True)._build(rows, 3, False)
+    for field in ("input_ids", "attention_mask", "loss_mask", "pixel_values", "image_grid_thw", "turn_index"):
+        assert torch.equal(getattr(mine, field), getattr(theirs, field)), field
+    assert theirs.uids == mine.uids and theirs.loss_mask.sum() > 0
+    unmasked = SftPool(run, 1, masked=False)._build(rows, 3, False)
+    assert unmasked.loss_mask.sum() > mine.loss_mask.sum()  # these rows do take detours

@@ -51,8 +51,10 @@ class LevelPlan:
     sft_pool: int = 48
     """SFT batches kept and cycled over (see :func:`sft_phase`)."""
     sft_fill: PoolFill = "first"
-    """How the pool fills (:mod:`vlrl.envs.maze_sft_pool`): the first steps each build a batch, or a thread builds
-    batches throughout the phase while the steps train (a sliding window of the freshest)."""
+    """How the pool fills (:mod:`vlrl.envs.maze_sft_pool`): the first steps each build a batch, or a thread or
+    worker processes build batches throughout the phase while the steps train (a sliding window of the freshest)."""
+    sft_builders: int = 0
+    """Worker processes of ``sft_fill="processes"`` (0: all cores but two)."""
     sft_lr_scale: tuple[tuple[str, float], ...] = ()
     """SFT learning rate per module group as a factor of ``sft.lr`` (e.g. ``(("vision", 10.0),)``)."""
     mask_detours: bool = False
@@ -212,7 +214,9 @@ def sft_phase(run, deadline: float, plan: LevelPlan) -> tuple[int, int]:
     optim = dataclasses.replace(cfg.optim, lr=cfg.sft.lr, lr_scale=dict(plan.sft_lr_scale), warmup_steps=0)
     trainer = Trainer(run.model, cfg.algo, optim)  # lr=None: per-group rates from optim.lr_scale (own clock)
     base = [g["lr"] for g in trainer.optimizer.param_groups]
-    pool = SftPool(run, plan.sft_pool, masked=plan.mask_detours, fill=plan.sft_fill, deadline=deadline)
+    pool = SftPool(
+        run, plan.sft_pool, masked=plan.mask_detours, fill=plan.sft_fill, deadline=deadline, builders=plan.sft_builders
+    )
     probe = run.next_rows(plan.probe_rows) if plan.sft_until else []
     k, last, t0, probed = 0, 0.0, time.time(), time.time()
     try:

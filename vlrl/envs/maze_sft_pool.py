@@ -9,10 +9,15 @@ conversation, on the CPU) costs far more than an update of the curriculum's smal
 - ``fill="background"``: one thread builds batch after batch while the steps train on what is kept; a finished
   batch joins the pool, replacing the oldest once it holds ``size``. A step waits only while the pool is empty, and
   over a phase the policy sees as many distinct mazes as the CPU renders in it (the pool a sliding window of the
-  freshest). Which batch a step trains on then depends on timing. Single-process runs only: a sharded run's
-  rollouts broadcast across ranks, which a thread of one rank cannot do. On the H200, 180 s of SFT at easy from
-  random init took 124 steps so against 52 filled first, a step 14 % slower beside the builder (the GIL)
+  freshest). Which batch a step trains on then depends on timing. On the H200, 180 s of SFT at easy from random
+  init took 124 steps so against 52 filled first, a step 14 % slower beside the builder (the GIL)
   (benchmarks/results/maze_curriculum_h100/sft_fill_h200).
+- ``fill="processes"``: the same sliding window, filled by ``builders`` worker processes at once
+  (:class:`vlrl.envs.maze_sft_farm.ExpertFarm`): no GIL shared with the steps, and as many batches at a time as
+  there are workers.
+
+The two filled while steps train need a single-process run: a sharded run's rollouts broadcast across ranks, which
+a builder of one rank cannot do.
 
 Rows are drawn on the caller's thread (the training stream's position is the run's state), the episodes rendered on
 the builder's (the renderer is thread-safe); a batch is built only while its last build time still fits before the
@@ -22,32 +27,49 @@ deadline, so the phase never waits long on one at its end.
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from typing import Any, Literal
 
-PoolFill = Literal["first", "background"]
+PoolFill = Literal["first", "background", "processes"]
 
 
 class SftPool:
     """Batches for SFT steps, per kind (first turns only / whole episodes): ``batch(step, first)``."""
 
-    def __init__(self, run: Any, size: int, *, masked: bool, fill: PoolFill = "first", deadline: float = float("inf")):
+    def __init__(
+        self,
+        run: Any,
+        size: int,
+        *,
+        masked: bool,
+        fill: PoolFill = "first",
+        deadline: float = float("inf"),
+        builders: int = 0,
+    ):
         from vlrl.envs.maze_curriculum import first_turn_row
+        from vlrl.envs.maze_sft_farm import ExpertFarm, default_workers
 
-        if fill == "background" and run.dist.sharded:
-            raise ValueError("sft pool fill 'background' needs a single-process run (rollouts broadcast across ranks)")
+        if fill != "first" and run.dist.sharded:
+            raise ValueError(f"sft pool fill {fill!r} needs a single-process run (rollouts broadcast across ranks)")
         self.run, self.size, self.masked, self.fill, self.deadline = run, max(1, size), masked, fill, deadline
         self._cut = first_turn_row
         self.kept: dict[bool, list] = {True: [], False: []}
         self.built = {True: 0, False: 0}  # batches built per kind (the pool keeps the last ``size``)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="vlrl-sft-pool") if fill == "background" else None
-        self._pending: tuple[bool, Future] | None = None
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="vlrl-sft-pool") if fill == "background" else None
+        self._farm = ExpertFarm(run, builders or default_workers()) if fill == "processes" else None
+        self._inflight: list[tuple[bool, float, Future]] = []  # (kind, submitted at, future), oldest first
         self._build_s = 0.0  # the last batch's build time
+
+    @property
+    def parallel(self) -> int:
+        """Batches built at once (0: built by the step that needs one)."""
+        return self._farm.workers if self._farm is not None else int(self._thread is not None)
 
     def batch(self, step: int, first: bool):
         """The batch SFT step ``step`` trains on (``first``: rows cut to their first turn)."""
         kept = self.kept[first]
-        if self._pool is None:
+        if not self.parallel:
             if len(kept) < self.size:
                 self._keep(first, self._build(self._rows(first), step, first))
                 return kept[-1]
@@ -60,14 +82,21 @@ class SftPool:
         return (self.built[True] + self.built[False]) * self.run.cfg.sft.rows_per_step
 
     def close(self) -> None:
-        """Wait for a batch being built (the renderer is the next phase's too), then stop the builder."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool, self._pending = None, None
+        """Wait for the batches being built (the renderer is the next phase's too), then stop the builders."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=True, cancel_futures=True)
+            self._thread = None
+        if self._farm is not None:
+            self._farm.close()
+            self._farm = None
+        self._inflight = []
 
     def _rows(self, first: bool) -> list:
         rows = self.run.next_rows(self.run.cfg.sft.rows_per_step)
         return [self._cut(r) for r in rows] if first else rows
+
+    def _what(self, first: bool) -> str:
+        return f"SFT batch {self.built[first] + 1}"
 
     def _build(self, rows: list, seed: int, first: bool):
         from vlrl.envs.maze_sft_data import expert_episodes
@@ -75,7 +104,7 @@ class SftPool:
 
         t = time.time()
         trajs = expert_episodes(self.run, rows, seed, masked=self.masked and not first)
-        batch = require_batch(self.run, trajs, f"SFT batch {self.built[first] + 1}")
+        batch = require_batch(self.run, trajs, self._what(first))
         self._build_s = time.time() - t
         return batch
 
@@ -86,19 +115,42 @@ class SftPool:
             kept.pop(0)
         self.built[first] += 1
 
+    def _seed(self) -> int:
+        """The next batch's rollout seed: batches built or being built so far."""
+        return self.built[True] + self.built[False] + len(self._inflight)
+
+    def _submit(self, first: bool) -> None:
+        seed, rows = self._seed(), self._rows(first)
+        if self._farm is not None:
+            future = self._farm.submit(rows, seed, self.masked and not first, self._what(first))
+        else:
+            assert self._thread is not None
+            future = self._thread.submit(self._build, rows, seed, first)
+        self._inflight.append((first, time.time(), future))
+
+    def _harvest(self) -> None:
+        """Keep every finished batch (in the order submitted)."""
+        for item in list(self._inflight):
+            kind, since, future = item
+            if future.done():
+                self._inflight.remove(item)
+                batch = self._farm.load(future) if self._farm is not None else future.result()
+                if self._farm is not None:
+                    self._build_s = time.time() - since
+                self._keep(kind, batch)
+
     def _collect(self, first: bool, wait: bool) -> None:
-        """Keep a finished batch, waiting for one when ``wait``; then start the next of kind ``first``."""
-        assert self._pool is not None
+        """Keep the finished batches, waiting for one of kind ``first`` when ``wait``; then start new ones while
+        builders are free and a batch still fits before the deadline."""
+        self._harvest()
         while True:
-            if self._pending is not None and (wait or self._pending[1].done()):
-                kind, future = self._pending
-                self._pending = None
-                self._keep(kind, future.result())
-            if self._pending is None and time.time() + self._build_s < self.deadline:
-                seed = self.built[first] + self.built[not first]
-                self._pending = (first, self._pool.submit(self._build, self._rows(first), seed, first))
+            while len(self._inflight) < self.parallel and time.time() + self._build_s < self.deadline:
+                self._submit(first)
             if not wait or self.kept[first]:
                 return
-            if self._pending is None:  # too late for another batch and none of this kind: build it here
-                self._keep(first, self._build(self._rows(first), 0, first))
+            mine = [f for kind, _, f in self._inflight if kind == first]
+            if not mine:  # too late for another batch and none of this kind: build it here
+                self._keep(first, self._build(self._rows(first), self._seed(), first))
                 return
+            wait_for(mine, return_when=FIRST_COMPLETED)
+            self._harvest()

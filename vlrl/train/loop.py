@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from vlrl.errors import VlrlError
 from vlrl.train import distributed as D
@@ -130,7 +131,13 @@ def sft(run: Run) -> None:
         run.save()
 
 
-def require_batch(run: Run, trajs: list, what: str):
+class Collates(Protocol):
+    """What :func:`require_batch` needs of a run (a :class:`Run`, or an SFT farm's worker)."""
+
+    def collate(self, trajectories: list) -> Any: ...
+
+
+def require_batch(run: Collates, trajs: list, what: str):
     """The step's batch, or :class:`NothingToTrainError` saying why no episode generated a token."""
     batch = run.collate(trajs)
     if batch is None:

@@ -202,6 +202,11 @@ class Run:
         return D.broadcast(trajs) if shared else trajs
 
     def _rollout(self, rows, seed: int, temperature: float | None, repeats: int | None, script) -> list:
+        config = self.rollout_config(seed, temperature, repeats)
+        return RolloutGenerator(self.renderer, self.engine, config).run(rows, script=script)
+
+    def rollout_config(self, seed: int, temperature: float | None = None, repeats: int | None = None) -> RolloutConfig:
+        """The rollout settings of this run's episodes (``temperature``/``repeats``: the config's unless given)."""
         r = self.cfg.rollout
         sampling = SamplingParams(
             temperature=r.temperature if temperature is None else temperature,
@@ -210,7 +215,7 @@ class Run:
             stop=tuple(r.stop),
             logprobs_topk=r.logprobs_topk,
         )
-        config = RolloutConfig(
+        return RolloutConfig(
             sampling=sampling,
             repeats=r.repeats if repeats is None else repeats,
             max_turns=r.max_turns,
@@ -218,7 +223,6 @@ class Run:
             seed=seed,
             progress=self.cfg.run.progress,
         )
-        return RolloutGenerator(self.renderer, self.engine, config).run(rows, script=script)
 
     def collate(self, trajectories):
         usable = [t for t in trajectories if any(t.loss_mask)]

@@ -1,0 +1,129 @@
+"""Expert SFT batches built by worker processes, as many at once as the host has cores to spare.
+
+Why: the maze expert's episodes cost CPU, not GPU — rendering each turn's conversation (ids and pixel patches). On
+the H200 one core built a batch of 64 ``easy`` episodes in ~16 s against ~1.3 s to train on it; a thread beside the
+training loop shares its GIL (~36 s a batch, and the steps 14 % slower). So chain_v5's easy level trained 276 steps
+on 384 mazes, fit them (loss 0.021) and solved 35 % of unseen ones (benchmarks/results/maze_curriculum_h100/
+chain_v5_q3): the data, not the steps, ran out. The GPU machine has 16 cores; N workers build N batches at a time.
+
+Each worker holds its own renderer, built from the model's directory by the same ``EmbeddedRenderer.from_pretrained``
+the run's engine uses (the same code, so the same ids and pixels), plays the expert's episodes through the rollout
+path without an engine, collates them with the run's :class:`~vlrl.train.batch.CollateSpec` and hands the
+:class:`~vlrl.train.batch.Batch` back through a spool file (``torch.save``; the parent maps it and unlinks it: no
+pickling of ~1.5 GB of pixels per batch through a pipe). The spool lives in ``/dev/shm`` when it has room, else in
+the temp directory. Workers are spawned (not forked: the parent holds CUDA) and run torch on one thread each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+SPOOL_MIN_FREE = 16 << 30
+"""``/dev/shm`` is used for the spool only with this much free (a batch of 64 hard episodes is ~3 GB)."""
+
+_WORKER: dict[str, Any] = {}  # the worker process's renderer and collate spec (set by _start)
+
+
+def default_workers() -> int:
+    """All cores but two (the training loop's host thread and the GPU's feeding), at least one."""
+    return max(1, (os.cpu_count() or 1) - 2)
+
+
+def spool_root() -> str:
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free >= SPOOL_MIN_FREE:
+        return str(shm)
+    return tempfile.gettempdir()
+
+
+class ExpertFarm:
+    """``workers`` processes building expert SFT batches for ``run``: ``submit(rows, seed, masked) -> Future``."""
+
+    def __init__(self, run: Any, workers: int):
+        import torch.multiprocessing as mp
+
+        self.workers = max(1, workers)
+        self._config = dataclasses.replace(
+            run.rollout_config(0, repeats=1), max_context=run.engine.max_context, progress=False
+        )
+        self._spool = tempfile.mkdtemp(prefix="vlrl-sft-farm-", dir=spool_root())
+        self._pool: ProcessPoolExecutor | None = ProcessPoolExecutor(
+            self.workers,
+            mp_context=mp.get_context("spawn"),
+            initializer=_start,
+            initargs=(str(run.model_dir), run.spec),
+        )
+        self._n = 0
+
+    def submit(self, rows: list, seed: int, masked: bool, what: str) -> Future:
+        """A future of the :class:`~vlrl.train.batch.Batch` of ``rows``' expert episodes (``seed``: the rollout's)."""
+        if self._pool is None:
+            raise RuntimeError("the expert farm is closed")
+        self._n += 1
+        path = os.path.join(self._spool, f"batch-{self._n}.pt")
+        config = dataclasses.replace(self._config, seed=seed)
+        return self._pool.submit(_build, rows, config, masked, what, path)
+
+    def load(self, future: Future):
+        """The finished batch of ``future`` (memory-mapped from its spool file, which is removed)."""
+        import torch
+
+        path = future.result()
+        try:
+            return torch.load(path, mmap=True, weights_only=False)
+        finally:
+            os.unlink(path)
+
+    def close(self) -> None:
+        """Stop the workers (jobs not started are cancelled) and remove the spool."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        shutil.rmtree(self._spool, ignore_errors=True)
+
+
+class _WorkerRun:
+    """What :func:`~vlrl.envs.maze_sft_data.expert_episodes` and ``require_batch`` ask of a run, in a worker."""
+
+    def __init__(self, config: Any):
+        self.config = config
+
+    def rollout(self, rows, *, seed: int, repeats: int, script) -> list:
+        from vlrl.rollout.generator import RolloutGenerator
+
+        assert repeats == 1 and seed == self.config.seed
+        return RolloutGenerator(_WORKER["renderer"], None, self.config).run(rows, script=script)
+
+    def collate(self, trajectories):
+        from vlrl.train.batch import collate
+
+        usable = [t for t in trajectories if any(t.loss_mask)]
+        return collate(usable, _WORKER["spec"]) if usable else None
+
+
+def _start(model_dir: str, spec: Any) -> None:
+    import torch
+
+    torch.set_num_threads(1)  # one core per worker: N workers, N cores
+    from vlrl.render.embedded import EmbeddedRenderer
+
+    _WORKER["renderer"] = EmbeddedRenderer.from_pretrained(model_dir)
+    _WORKER["spec"] = spec
+
+
+def _build(rows: list, config: Any, masked: bool, what: str, path: str) -> str:
+    import torch
+
+    from vlrl.envs.maze_sft_data import expert_episodes
+    from vlrl.train.loop import require_batch
+
+    run = _WorkerRun(config)
+    batch = require_batch(run, expert_episodes(run, rows, config.seed, masked=masked), what)
+    torch.save(batch, path)
+    return path
