@@ -124,6 +124,9 @@ def _build(rows: list, config: Any, masked: bool, what: str, path: str) -> str:
     from vlrl.train.loop import require_batch
 
     run = _WorkerRun(config)
-    batch = require_batch(run, expert_episodes(run, rows, config.seed, masked=masked), what)
-    torch.save(batch, path)
+    try:
+        batch = require_batch(run, expert_episodes(run, rows, config.seed, masked=masked), what)
+        torch.save(batch, path)
+    finally:
+        _WORKER["renderer"].forget()  # the next batch's mazes are new: a worker holds one batch's images at a time
     return path

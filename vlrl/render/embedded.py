@@ -76,6 +76,13 @@ class EmbeddedRenderer:
             init = None if intra_op_threads is None else functools.partial(limit_openmp_here, intra_op_threads)
             self._pool = ThreadPoolExecutor(workers, thread_name_prefix="vlrl-render", initializer=init)
 
+    def forget(self) -> None:
+        """Drop the processed images and the conversations' pixel rows (what a finished batch of episodes left:
+        up to ``cache_images`` images and 2 GiB of rows, ~7 GB at maze2d/easy); the next render starts cold."""
+        with self._cache_lock:
+            self._cache.clear()
+        self._runs.clear()
+
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, **kwargs) -> EmbeddedRenderer:
         from vlrl.models.load import load_processor
