@@ -2,7 +2,7 @@
 # Several maze-curriculum variants at once on the GPU host (benchmarks/maze_curriculum.py, one process each:
 # the tiny models leave the GPU mostly idle and each process renders on its own cores). Small result files
 # of every variant tarred under $OUT. Usage (device tool, from .clean, carry .clean):
-#   [SET=grpo5|lr7|grpo7|grpo|fan_in|tile|next|first] [PLAN=level:sft_s:rl_s:pool] LIMIT=565 bash benchmarks/device/maze_variants.sh
+#   [SET=reuse|grpo5|lr7|grpo7|grpo|fan_in|tile|next|first] [PLAN=level:sft_s:rl_s:pool] LIMIT=565 bash benchmarks/device/maze_variants.sh
 # SET=first with PLAN=5x5:230:150:48 LIMIT=440 made benchmarks/results/maze_curriculum_h100/variants_5x5
 # (sft.rows_per_step=32, micro_batch_size=16 then); SET=tile (the default) with PLAN=5x5:390:120:12 LIMIT=565
 # made benchmarks/results/maze_curriculum_h100/tile_5x5 (at b420c5d, where the recipe drew 28 px tiles).
@@ -20,6 +20,13 @@ if [ "${SET:-tile}" = grpo5 ]; then  # GRPO over SFT at 5x5: SFT (tiny, fan-in) 
   common="--init fan_in --first-turns 40 --sft-warmup 10 --set sft.lr=1e-3 --mask-detours --model tiny \
 --plan 5x5:280:270:12 --sft-until ${UNTIL:-0.3} --set optim.warmup_steps=5"
   V=([lr1e-4]="$common --set optim.lr=1e-4" [lr3e-5]="$common --set optim.lr=3e-5")
+elif [ "${SET}" = reuse ]; then  # easy on fresh mazes against the same mazes again, SFT from worker processes
+  # (maze_sft_farm): many builders keep the pool fresh (each batch trained on ~once), one builder makes the steps
+  # cycle over the pool's 8 batches; both from their own 5x5 level (the same settings), two at once
+  common="--model small --init fan_in --sft-warmup 10 --set sft.lr=1e-3 --set model.arch=qwen3_vl \
+--set data.train_rows=200000 --set data.eval_rows=100 --mask-detours --sft-fill processes \
+--plan 5x5:90:0:12:45 --plan easy:${EASY:-380}:0:8:20"
+  V=([fresh]="$common --sft-builders 6" [reuse]="$common --sft-builders 1")
 elif [ "${SET}" = lr7 ]; then  # (not yet run) 7x7 with lower, ramped RL lrs (README item 9), two at once
   common="--init fan_in --sft-warmup 10 --set sft.lr=1e-3 --mask-detours --model small --plan 5x5:150:0:12:60 \
 --plan 7x7:220:170:12:20 --set optim.warmup_steps=5"
