@@ -71,3 +71,17 @@ def test_a_turn_processes_only_its_new_image_and_the_cache_is_bounded(tiny, monk
             if size == 10:
                 assert len(calls) == turn + 1  # one new image a turn, the earlier ones from the cache
         assert len(renderer._cache) == min(size, 5)
+
+
+def test_forget_drops_the_cached_images_and_rows_and_renders_the_same_after(tiny):
+    from vlrl.render.embedded import EmbeddedRenderer
+
+    base = tiny("qwen2_5_vl").renderer
+    renderer = EmbeddedRenderer(base.processor)
+    messages = conversations()[2]
+    before = renderer.render(messages)
+    assert len(renderer._cache) and len(renderer._runs._runs)
+    renderer.forget()  # the SFT farm's workers call it after each batch (vlrl.envs.maze_sft_farm)
+    assert not len(renderer._cache) and not len(renderer._runs._runs)
+    after = renderer.render(messages)
+    assert list(after.token_ids) == list(before.token_ids) and torch.equal(after.pixel_values, before.pixel_values)
