@@ -136,3 +136,17 @@ def test_a_workers_batch_is_the_runs_own_token_for_token_and_pixel_for_pixel(run
     assert theirs.uids == mine.uids and theirs.loss_mask.sum() > 0
     unmasked = SftPool(run, 1, masked=False)._build(rows, 3, False)
     assert unmasked.loss_mask.sum() > mine.loss_mask.sum()  # these rows do take detours
+
+
+def test_the_default_worker_count_fits_the_cores_and_the_memory(tmp_path, monkeypatch):
+    from vlrl.envs.maze_sft_farm import WORKER_MEMORY, default_workers
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    info = tmp_path / "meminfo"
+    info.write_text(f"MemTotal: 1 kB\nMemAvailable: {(5 * WORKER_MEMORY) >> 10} kB\n")
+    assert default_workers(str(info)) == 5  # memory binds
+    info.write_text(f"MemAvailable: {(100 * WORKER_MEMORY) >> 10} kB\n")
+    assert default_workers(str(info)) == 14  # cores bind: all but two
+    assert default_workers(str(tmp_path / "missing")) == 14
+    info.write_text("MemAvailable: 1 kB\n")
+    assert default_workers(str(info)) == 1

@@ -54,7 +54,7 @@ class LevelPlan:
     """How the pool fills (:mod:`vlrl.envs.maze_sft_pool`): the first steps each build a batch, or a thread or
     worker processes build batches throughout the phase while the steps train (a sliding window of the freshest)."""
     sft_builders: int = 0
-    """Worker processes of ``sft_fill="processes"`` (0: all cores but two)."""
+    """Worker processes of ``sft_fill="processes"`` (0: all cores but two, at most 12 GiB of free memory each)."""
     sft_lr_scale: tuple[tuple[str, float], ...] = ()
     """SFT learning rate per module group as a factor of ``sft.lr`` (e.g. ``(("vision", 10.0),)``)."""
     mask_detours: bool = False

@@ -35,9 +35,23 @@ SPOOL_MIN_FREE = 16 << 30
 _WORKER: dict[str, Any] = {}  # the worker process's renderer and collate spec (set by _start)
 
 
-def default_workers() -> int:
-    """All cores but two (the training loop's host thread and the GPU's feeding), at least one."""
-    return max(1, (os.cpu_count() or 1) - 2)
+WORKER_MEMORY = 12 << 30
+"""Memory one worker may need: a batch's images three times over (cache, conversation rows, the collated batch)
+and its spool file; on the H200 10 workers at easy peaked at 51 GiB used (farm_h200/c7b_mem.log), hard's batches
+are ~2x easy's."""
+
+
+def default_workers(meminfo: str = "/proc/meminfo") -> int:
+    """All cores but two (the training loop's host thread and the GPU's feeding), no more than the available memory
+    holds at :data:`WORKER_MEMORY` each, at least one."""
+    workers = (os.cpu_count() or 1) - 2
+    try:
+        with open(meminfo) as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+        workers = min(workers, (kib << 10) // WORKER_MEMORY)
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass  # not Linux: the cores alone
+    return max(1, workers)
 
 
 def spool_root() -> str:
