@@ -65,7 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         default="first",
         help="how the SFT pool fills (maze_sft_pool)",
     )
-    ap.add_argument("--sft-builders", type=int, default=0, help="worker processes of --sft-fill processes (0: cores-2, at most 12 GiB of free memory each)")
+    ap.add_argument(
+        "--sft-builders",
+        type=int,
+        default=0,
+        help="worker processes of --sft-fill processes (0: cores-2, at most 12 GiB of free memory each)",
+    )
     ap.add_argument("--sft-warmup", type=float, default=0.0, help="seconds of linear SFT lr warm-up from 0")
     ap.add_argument("--first-turns", type=float, default=0.0, help="seconds of SFT on the first turns alone first")
     ap.add_argument("--sft-until", type=float, default=0.0, help="end SFT once probe success reaches this fraction")
