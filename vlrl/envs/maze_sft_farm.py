@@ -16,7 +16,9 @@ the run's engine uses (the same code, so the same ids and pixels), plays the exp
 path without an engine, collates them with the run's :class:`~vlrl.train.batch.CollateSpec` and hands the
 :class:`~vlrl.train.batch.Batch` back through a spool file (``torch.save``; the parent maps it and unlinks it: no
 pickling of ~1.5 GB of pixels per batch through a pipe). The spool lives in ``/dev/shm`` when it has room, else in
-the temp directory. Workers are spawned (not forked: the parent holds CUDA) and run torch on one thread each.
+the temp directory. Workers are spawned (not forked: the parent holds CUDA) and run torch on one thread each;
+spawning re-imports the launching script, so a script that fills the pool this way needs the
+``if __name__ == "__main__":`` guard (``benchmarks/maze_curriculum.py`` has it).
 """
 
 from __future__ import annotations
