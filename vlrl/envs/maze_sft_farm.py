@@ -88,8 +88,7 @@ class ExpertFarm:
             raise RuntimeError("the expert farm is closed")
         self._n += 1
         path = os.path.join(self._spool, f"batch-{self._n}.pt")
-        config = dataclasses.replace(self._config, seed=seed)
-        return self._pool.submit(_build, rows, config, masked, what, path)
+        return self._pool.submit(_build, rows, self._config, seed, masked, what, path)
 
     def load(self, future: Future):
         """The finished batch of ``future`` (memory-mapped from its spool file, which is removed)."""
@@ -118,14 +117,13 @@ class _WorkerRun:
     def rollout(self, rows, *, seed: int, repeats: int, script) -> list:
         from vlrl.rollout.generator import RolloutGenerator
 
-        assert repeats == 1 and seed == self.config.seed
-        return RolloutGenerator(_WORKER["renderer"], None, self.config).run(rows, script=script)
+        config = dataclasses.replace(self.config, seed=seed, repeats=repeats)
+        return RolloutGenerator(_WORKER["renderer"], None, config).run(rows, script=script)
 
     def collate(self, trajectories):
-        from vlrl.train.batch import collate
+        from vlrl.train.batch import collate_trained
 
-        usable = [t for t in trajectories if any(t.loss_mask)]
-        return collate(usable, _WORKER["spec"]) if usable else None
+        return collate_trained(trajectories, _WORKER["spec"])
 
 
 def _start(model_dir: str, spec: Any) -> None:
@@ -138,7 +136,7 @@ def _start(model_dir: str, spec: Any) -> None:
     _WORKER["spec"] = spec
 
 
-def _build(rows: list, config: Any, masked: bool, what: str, path: str) -> str:
+def _build(rows: list, config: Any, seed: int, masked: bool, what: str, path: str) -> str:
     import torch
 
     from vlrl.envs.maze_sft_data import expert_episodes
@@ -146,7 +144,7 @@ def _build(rows: list, config: Any, masked: bool, what: str, path: str) -> str:
 
     run = _WorkerRun(config)
     try:
-        batch = require_batch(run, expert_episodes(run, rows, config.seed, masked=masked), what)
+        batch = require_batch(run, expert_episodes(run, rows, seed, masked=masked), what)
         torch.save(batch, path)
     finally:
         _WORKER["renderer"].forget()  # the next batch's mazes are new: a worker holds one batch's images at a time

@@ -98,7 +98,8 @@ class SftPool:
         return [self._cut(r) for r in rows] if first else rows
 
     def _what(self, first: bool) -> str:
-        return f"SFT batch {self.built[first] + 1}"
+        """The error label of the next batch of kind ``first`` (counting those being built)."""
+        return f"SFT batch {self.built[first] + sum(kind == first for kind, _, _ in self._inflight) + 1}"
 
     def _build(self, rows: list, seed: int, first: bool):
         from vlrl.envs.maze_sft_data import expert_episodes

@@ -163,6 +163,12 @@ class Batch:
         return torch.cat(pix), self.image_grid_thw[torch.tensor(images)]
 
 
+def collate_trained(trajectories: Sequence[Trajectory], spec: CollateSpec) -> Batch | None:
+    """:func:`collate` of the trajectories with a token to train on (``loss_mask``); None when none has one."""
+    usable = [t for t in trajectories if any(t.loss_mask)]
+    return collate(usable, spec) if usable else None
+
+
 def collate(
     trajectories: Sequence[Trajectory], spec: CollateSpec, *, top_logprobs: Sequence[TopLogprobs] | None = None
 ) -> Batch:

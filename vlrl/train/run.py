@@ -37,7 +37,7 @@ from vlrl.models.lora import apply_lora, lora_layers, merged_weights
 from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
 from vlrl.rollout.io import write_jsonl
 from vlrl.train import distributed as D
-from vlrl.train.batch import CollateSpec, collate
+from vlrl.train.batch import CollateSpec, collate_trained
 from vlrl.train.checkpoint import (
     RestoreOptimizer,
     RunState,
@@ -225,8 +225,7 @@ class Run:
         )
 
     def collate(self, trajectories):
-        usable = [t for t in trajectories if any(t.loss_mask)]
-        return collate(usable, self.spec) if usable else None
+        return collate_trained(trajectories, self.spec)
 
     # ------------------------------------------------------------------ the trainer, on this rank's share
 
