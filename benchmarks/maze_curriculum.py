@@ -36,6 +36,7 @@ def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
         sft_lr_scale=scale,
         model=args.model,
         init=args.init,
+        image_side=args.image_side,
         mask_detours=args.mask_detours,
         sft_pool=int(rest[0]) if rest else LevelPlan.sft_pool,
         sft_fill=args.sft_fill,
@@ -58,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", choices=["tiny", "small"], default="tiny", help="random-init model of the first level")
     ap.add_argument("--init", choices=["normal", "fan_in"], default="normal", help="how that model's weights are drawn")
     ap.add_argument("--sft-scale", action="append", default=[], help="group=factor on sft.lr (vision, merger, ...)")
+    ap.add_argument(
+        "--image-side", type=int, default=None, help="px a side the random-init model's processor keeps unresized"
+    )
     ap.add_argument("--mask-detours", action="store_true", help="the expert's detour turns out of the SFT loss")
     ap.add_argument(
         "--sft-fill",

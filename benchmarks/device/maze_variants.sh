@@ -2,7 +2,7 @@
 # Several maze-curriculum variants at once on the GPU host (benchmarks/maze_curriculum.py, one process each:
 # the tiny models leave the GPU mostly idle and each process renders on its own cores). Small result files
 # of every variant tarred under $OUT. Usage (device tool, from .clean, carry .clean):
-#   [SET=reuse|grpo5|lr7|grpo7|grpo|fan_in|tile|next|first] [PLAN=level:sft_s:rl_s:pool] LIMIT=565 bash benchmarks/device/maze_variants.sh
+#   [SET=align|reuse|grpo5|lr7|grpo7|grpo|fan_in|tile|next|first] [PLAN=level:sft_s:rl_s:pool] LIMIT=565 bash benchmarks/device/maze_variants.sh
 # SET=first with PLAN=5x5:230:150:48 LIMIT=440 made benchmarks/results/maze_curriculum_h100/variants_5x5
 # (sft.rows_per_step=32, micro_batch_size=16 then); SET=tile (the default) with PLAN=5x5:390:120:12 LIMIT=565
 # made benchmarks/results/maze_curriculum_h100/tile_5x5 (at b420c5d, where the recipe drew 28 px tiles).
@@ -20,6 +20,12 @@ if [ "${SET:-tile}" = grpo5 ]; then  # GRPO over SFT at 5x5: SFT (tiny, fan-in) 
   common="--init fan_in --first-turns 40 --sft-warmup 10 --set sft.lr=1e-3 --mask-detours --model tiny \
 --plan 5x5:280:270:12 --sft-until ${UNTIL:-0.3} --set optim.warmup_steps=5"
   V=([lr1e-4]="$common --set optim.lr=1e-4" [lr3e-5]="$common --set optim.lr=3e-5")
+elif [ "${SET}" = align ]; then  # one Qwen3-VL token (32 px) per maze tile against VisGym's 25 px frames resized to
+  # 224 px (easy: 7 x 7 tokens over 9 x 9 tiles); the same weights, SFT from worker processes, two at once
+  common="--model small --init fan_in --sft-warmup 10 --set sft.lr=1e-3 --set model.arch=qwen3_vl \
+--set data.train_rows=200000 --set data.eval_rows=100 --mask-detours --sft-fill processes --sft-builders 3 \
+--plan 5x5:${FIVE:-110}:0:12:45 --plan easy:${EASY:-320}:0:6:20"
+  V=([tile32]="$common --image-side 352 --set data.extras.tile=32" [tile25]="$common")
 elif [ "${SET}" = reuse ]; then  # easy on fresh mazes against the same mazes again, SFT from worker processes
   # (maze_sft_farm): many builders keep the pool fresh (each batch trained on ~once), one builder makes the steps
   # cycle over the pool's 8 batches; both from their own 5x5 level (the same settings), two at once

@@ -45,6 +45,44 @@ def test_28px_tiles_reach_the_vision_tower_unresized_one_merged_token_per_tile()
         assert out["image_grid_thw"].tolist() == [grid], tile
 
 
+@pytest.mark.parametrize("level,size", [("5x5", 5), ("easy", 9), ("hard", 11)])
+def test_qwen3_tiles_of_32px_are_one_token_each_when_the_processor_keeps_the_frame(level, size):
+    """Qwen3-VL merges 2 x 2 patches of 16 px. tiny's processor resizes easy's 225 px frame to 224 px (7 x 7
+    tokens over 9 x 9 tiles); with ``max_side`` 352 a 32 px tile is exactly one token at every level."""
+    from vlrl.models.build import build_processor
+
+    wide = build_processor("qwen3_vl", "tiny", max_side=352).image_processor
+    frame, _ = _frame(level, 32)
+    assert wide(images=[frame], return_tensors="pt")["image_grid_thw"].tolist() == [[1, 2 * size, 2 * size]]
+    if level == "easy":
+        narrow = build_processor("qwen3_vl", "tiny").image_processor
+        frame, _ = _frame(level, 25)
+        assert narrow(images=[frame], return_tensors="pt")["image_grid_thw"].tolist() == [[1, 14, 14]]
+
+
+def test_start_checkpoint_keeps_its_image_side_in_the_saved_processor(tmp_path, monkeypatch):
+    """The curriculum's random-init model carries the side into its directory, so every level and the SFT
+    workers (which load the renderer from it) see the frame at that size; the weights do not change."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from vlrl.envs.maze_models import start_checkpoint
+
+    monkeypatch.setenv("VLRL_CACHE", str(tmp_path))
+    wide = start_checkpoint("qwen3_vl", "tiny", "fan_in", image_side=352)
+    plain = start_checkpoint("qwen3_vl", "tiny", "fan_in")
+    assert wide != plain and "-px352" in wide.name
+    from transformers import AutoProcessor
+
+    frame, _ = _frame("easy", 32)
+    loaded = AutoProcessor.from_pretrained(wide).image_processor
+    assert loaded(images=[frame], return_tensors="pt")["image_grid_thw"].tolist() == [[1, 18, 18]]
+    assert json.loads((wide / "vlrl_model.json").read_text())["image_side"] == 352
+    a, b = load_file(wide / "model.safetensors"), load_file(plain / "model.safetensors")
+    assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+
+
 @pytest.mark.parametrize("tile", [2.5, 3, True, "28"])
 def test_a_bad_tile_is_one_clear_error(tile):
     with pytest.raises(EnvError, match=r"tile must be an int of at least 4") as err:

@@ -65,6 +65,9 @@ class LevelPlan:
     init: InitScheme = "normal"
     """How that random-init model's weights are drawn (:data:`vlrl.models.build.InitScheme`): ``fan_in`` keeps
     the image's signal through the narrow models' layers (``normal``'s std 0.02 shrinks it ~6x per matrix)."""
+    image_side: int | None = None
+    """That random-init model's largest frame side in px, kept unresized
+    (:func:`vlrl.envs.maze_models.start_checkpoint`; None: tiny's 224 px)."""
     eval_before: bool = False
     """Evaluate the starting weights too (0 % at random init: skipped to save the budget)."""
     sft_warmup: float = 0.0
@@ -291,8 +294,8 @@ def start_weights(plan: LevelPlan, out: str | Path, model_path: str | Path | Non
     sizes' init."""
     from vlrl.envs.maze_models import start_checkpoint
 
-    if model_path is None and (plan.model, plan.init) != ("tiny", "normal"):
-        return start_checkpoint(level_config(plan, out).model.arch, plan.model, plan.init)
+    if model_path is None and ((plan.model, plan.init) != ("tiny", "normal") or plan.image_side):
+        return start_checkpoint(level_config(plan, out).model.arch, plan.model, plan.init, image_side=plan.image_side)
     return model_path
 
 

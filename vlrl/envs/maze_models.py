@@ -41,11 +41,20 @@ and transformers runs SDPA once per window outside flash attention (4x the kerne
 
 
 def start_checkpoint(
-    arch: str = "qwen2_5_vl", model: CurriculumModel = "small", init: InitScheme = "normal", seed: int = 0
+    arch: str = "qwen2_5_vl",
+    model: CurriculumModel = "small",
+    init: InitScheme = "normal",
+    seed: int = 0,
+    image_side: int | None = None,
 ) -> Path:
     """The random-init ``model`` (``tiny`` or :data:`SMALL`, with tiny's tokenizer and image processor) drawn by
     the ``init`` scheme (:data:`vlrl.models.build.InitScheme`), built once into the vlrl cache the way
-    ``vlrl.models.build`` builds the named sizes (weights drawn per parameter name)."""
+    ``vlrl.models.build`` builds the named sizes (weights drawn per parameter name).
+
+    ``image_side``: the processor keeps frames up to that many px a side at their size (tiny's processor resizes
+    anything over 224 x 224 down to that area). With ``data.extras.tile`` equal to the merged vision token (28 px
+    for Qwen2.5-VL, 32 for Qwen3-VL) and a side that fits the level, every tile is exactly one token: easy's
+    9 x 9 tiles at 25 px were resized to 224 px, 7 x 7 Qwen3-VL tokens. The weights do not depend on it."""
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText, GenerationConfig
 
@@ -56,6 +65,7 @@ def start_checkpoint(
     if model not in ("tiny", "small"):
         raise ValueError(f"unknown curriculum model {model!r}; expected 'tiny' or 'small'")
     name = f"{arch}-maze_{model}" + (f"-w{SMALL_WINDOW}" if model == "small" else "")
+    name += f"-px{image_side}" if image_side else ""
     path = default_cache_root() / "models" / (name + ("-fan_in" if init == "fan_in" else "") + f"-seed{seed}")
     if (path / "vlrl_model.json").exists():
         return path
@@ -73,11 +83,13 @@ def start_checkpoint(
     )
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")  # written aside, then renamed: never half-built
     net.save_pretrained(tmp)
-    build_processor(arch, "tiny").save_pretrained(tmp)
+    build_processor(arch, "tiny", image_side).save_pretrained(tmp)
     n_params = sum(p.numel() for p in net.parameters())
     manifest = {"arch": arch, "size": f"maze_{model}", "init": init, "seed": seed, "n_params": n_params}
     if model == "small":
         manifest["window"] = SMALL_WINDOW
+    if image_side:
+        manifest["image_side"] = image_side
     manifest["builder"] = __name__
     (tmp / "vlrl_model.json").write_text(json.dumps(manifest) + "\n")
     if (path / "vlrl_model.json").exists():  # another process built it meanwhile

@@ -8,6 +8,7 @@ depend on module construction order or on the transformers version's init code.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -43,15 +44,19 @@ def build_config(arch: str, size: str):
     return AutoConfig.for_model(**cfg)
 
 
-def build_processor(arch: str, size: str):
-    """Tokenizer (real Qwen vocabulary, vlrl's chat template) + torchvision image processor + video processor."""
+def build_processor(arch: str, size: str, max_side: int | None = None):
+    """Tokenizer (real Qwen vocabulary, vlrl's chat template) + torchvision image processor + video processor.
+
+    ``max_side``: images up to ``max_side`` x ``max_side`` px keep their size (rounded to the vision token);
+    larger ones are resized down to that area (default: the size's ``max_pixels``)."""
     import transformers
 
     _check(arch, size)
     template = chat_template()
     tokenizer = build_tokenizer(arch, template)
-    image_processor = transformers.Qwen2VLImageProcessor(**image_processor_kwargs(arch, SIZES[size]))
-    ip = image_processor_kwargs(arch, SIZES[size])
+    spec = SIZES[size] if max_side is None else dataclasses.replace(SIZES[size], max_pixels=max_side * max_side)
+    ip = image_processor_kwargs(arch, spec)
+    image_processor = transformers.Qwen2VLImageProcessor(**ip)
     video_processor = getattr(transformers, _VIDEO_PROCESSORS[arch])(
         patch_size=ip["patch_size"],
         temporal_patch_size=2,
