@@ -1,0 +1,123 @@
+"""Where one embedded-engine ``generate`` call spends its time, against HF generate on the same prompts; JSON out.
+
+    python benchmarks/engine_profile.py OUT.json --size 2b --device cuda --dtype bfloat16 --rows 256
+
+The workload is ``vlrl bench``'s (vlrl.bench.engines: a 224 px image and a question per row, T = 1, eos ignored).
+Each side runs once warm, then once under ``torch.profiler``: wall seconds, the device's busy seconds (the sum of
+its kernels: far below the wall means the host is the bound) and the top ops by host and by device time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def _table(prof, sort: str, n: int = 25) -> list[dict]:
+    rows = sorted(prof.key_averages(), key=lambda e: getattr(e, sort), reverse=True)[:n]
+    return [
+        {
+            "name": e.key[:90],
+            "calls": e.count,
+            "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 2),
+            "cpu_total_ms": round(e.cpu_time_total / 1e3, 2),
+            "self_device_ms": round(e.self_device_time_total / 1e3, 2),
+        }
+        for e in rows
+    ]
+
+
+def _profiled(call, device: str) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from vlrl.bench.env import now
+
+    call()  # warm
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    t0 = now(device)
+    call()
+    plain = now(device) - t0
+    with profile(activities=activities) as prof:
+        t0 = now(device)
+        call()
+        wall = now(device) - t0
+    kernels = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
+    torch.cuda.empty_cache() if device == "cuda" else None
+    return {
+        "seconds": round(plain, 4),
+        "profiled_seconds": round(wall, 4),
+        "device_busy_seconds": round(kernels / 1e6, 4),
+        "by_host": _table(prof, "self_cpu_time_total"),
+        "by_device": _table(prof, "self_device_time_total"),
+    }
+
+
+def main() -> None:
+    import torch
+
+    from vlrl.bench.engines import workload_images, workload_messages
+    from vlrl.bench.run import BenchConfig, load
+    from vlrl.engines.embedded import EmbeddedEngine
+    from vlrl.engines.types import SamplingParams
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--size", default="tiny")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--rows", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    args = ap.parse_args()
+
+    config = BenchConfig(size=args.size, device=args.device, dtype=args.dtype)
+    _, model, renderer = load(config)
+    prompts = [renderer.render(m) for m in workload_messages(args.rows)]
+    engine = EmbeddedEngine(model, renderer.tokenizer, max_batch=args.rows)
+    params = [
+        SamplingParams(temperature=1.0, max_tokens=args.max_tokens, ignore_eos=True, seed=i) for i in range(args.rows)
+    ]
+
+    def embedded() -> None:
+        # the engine's own decode on this thread (``generate`` runs it on the engine's worker thread, which a
+        # profiler started here does not see); the same batch ``generate`` would decode
+        engine.clear_caches()
+        requests = [engine._request(p, s) for p, s in zip(prompts, params)]
+        with engine._lock:
+            engine._decode(requests)
+
+    processor = renderer.processor
+    processor.tokenizer.padding_side = "left"
+    inputs = processor(
+        text=[p.text for p in prompts], images=workload_images(args.rows), return_tensors="pt", padding=True
+    )
+    inputs = {k: v.to(args.device) for k, v in inputs.items()}
+    inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
+    kw = dict(max_new_tokens=args.max_tokens, min_new_tokens=args.max_tokens, do_sample=True, top_k=0, top_p=1.0)
+
+    def hf() -> None:
+        model.generate(**inputs, **kw)
+
+    started = time.time()
+    out = {
+        "benchmark": "engine_profile",
+        "config": vars(args),
+        "embedded": _profiled(embedded, args.device),
+        "hf_generate": _profiled(hf, args.device),
+        "torch": torch.__version__,
+    }
+    out["wall_seconds"] = round(time.time() - started, 1)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    for side in ("embedded", "hf_generate"):
+        r = out[side]
+        print(side, r["seconds"], "s; profiled", r["profiled_seconds"], "s; device busy", r["device_busy_seconds"], "s")
+        for row in r["by_host"][:12]:
+            print("   host", row)
+        for row in r["by_device"][:8]:
+            print("   dev ", row)
+
+
+if __name__ == "__main__":
+    main()
