@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlrl.engines.sampling import sample_tokens, sample_tokens_per_row
+from vlrl.engines.sampling import raise_if_unsampled, sample_tokens, sample_tokens_per_row
 from vlrl.engines.types import SamplingParams
 
 V = 1000
@@ -55,3 +55,14 @@ def test_a_non_finite_row_is_an_error_naming_it():
     logits[2, 10] = float("nan")
     with pytest.raises(RuntimeError, match=r"rows \[2\] are not finite"):
         sample_tokens(logits, params, BANNED, generators(params))
+
+
+def test_unchecked_a_non_finite_row_is_minus_one_and_named_once_read():
+    """The engine samples without waiting for the device (``check=False``) and raises once it reads the tokens."""
+    logits, params = batch()
+    clean = sample_tokens(logits, params, BANNED, generators(params)).tolist()
+    logits[2, 10] = float("nan")
+    got = sample_tokens(logits, params, BANNED, generators(params), check=False).tolist()
+    assert got[2] == -1 and got[:2] + got[3:] == clean[:2] + clean[3:]
+    with pytest.raises(RuntimeError, match=r"rows \[2\] are not finite"):
+        raise_if_unsampled(got, range(len(got)))

@@ -33,10 +33,17 @@ from vlrl.engines.reuse import (
     VisionCache,
     cached_prefix,
     new_embeddings,
-    prefix_entry,
+    prefix_entries,
     weights_fingerprint,
 )
-from vlrl.engines.sampling import contract_logprobs, effective_temperature, fp32_logits, sample_tokens, top_logprobs
+from vlrl.engines.sampling import (
+    contract_logprobs,
+    effective_temperature,
+    fp32_head,
+    raise_if_unsampled,
+    sample_tokens,
+    top_logprobs,
+)
 from vlrl.engines.types import Engine, FinishReason, Generation, NamedTensors, SamplingParams
 from vlrl.errors import ContextOverflowError
 from vlrl.models.positions import mrope_positions
@@ -225,7 +232,7 @@ class EmbeddedEngine:
         next_pos = positions.amax(dim=(0, 2)) + 1  # [B]: text after the prompt continues on all three axes
         cache, start = self._cached_prefix(requests, attn.shape[1])
         embeds, extra = self._new_embeddings(requests, inputs["input_ids"], start)
-        head = model.get_output_embeddings()
+        head = fp32_head(model.get_output_embeddings())  # cast once per batch, not once per step
         hidden = model.model.language_model(
             inputs_embeds=embeds,
             attention_mask=attn,
@@ -234,35 +241,39 @@ class EmbeddedEngine:
             use_cache=True,
             **extra,
         ).last_hidden_state
-        logits = fp32_logits(head, hidden[:, -1])
+        logits = head(hidden[:, -1])
         active = list(range(len(requests)))  # request index of each batch row
         gens = [_generator(r.params, device) for r in requests]
-        temps = torch.tensor([effective_temperature(r.params.temperature) for r in requests])
+        # On the device once: a CPU tensor moved in the loop is a pageable copy, which syncs the stream each step.
+        temps = torch.tensor([effective_temperature(r.params.temperature) for r in requests], device=device)
+        banned = self.banned_ids.to(device)
         while True:
             rows = [requests[i] for i in active]
-            tokens = sample_tokens(logits, [r.params for r in rows], self.banned_ids, [gens[i] for i in active])
-            contract = contract_logprobs(logits, temps[active], self.banned_ids)
-            lps = contract.gather(1, tokens[:, None])[:, 0]
+            # Everything this step computes is queued before the host reads any of it (one wait per step).
+            tokens = sample_tokens(logits, [r.params for r in rows], banned, [gens[i] for i in active], check=False)
+            contract = contract_logprobs(logits, temps, banned)
+            lps = contract.gather(1, tokens.clamp(min=0)[:, None])[:, 0]
             tops = top_logprobs(contract, [r.params.logprobs_topk for r in rows])
-            keep = []
-            for row, (i, tok, lp) in enumerate(zip(active, tokens.tolist(), lps.tolist())):
-                if self._step(requests[i], tok, lp, tops[row]):
-                    keep.append(row)
-                else:
-                    self._remember(requests[i], cache, row)
+            picked = tokens.tolist()
+            raise_if_unsampled(picked, range(len(picked)))
+            keep: list[int] = []
+            done: list[int] = []
+            for row, (i, tok, lp) in enumerate(zip(active, picked, lps.tolist())):
+                (keep if self._step(requests[i], tok, lp, tops[row]) else done).append(row)
+            self._remember([(requests[active[row]], row) for row in done], cache)
             if not keep:
                 return
             if len(keep) < len(active):  # drop finished rows from the batch and the cache
                 idx = torch.tensor(keep, device=device)
                 cache.batch_select_indices(idx)
-                tokens, attn, next_pos = tokens[idx], attn[idx], next_pos[idx]
+                tokens, attn, next_pos, temps = tokens[idx], attn[idx], next_pos[idx], temps[idx]
                 active = [active[k] for k in keep]
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
             pos = next_pos.view(1, -1, 1).expand(3, -1, 1)
             hidden = model.model(
                 input_ids=tokens[:, None], attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True
             ).last_hidden_state
-            logits = fp32_logits(head, hidden[:, -1])
+            logits = head(hidden[:, -1])
             next_pos = next_pos + 1
 
     def _prefill_inputs(self, requests: list[_Request]) -> dict:
@@ -309,10 +320,12 @@ class EmbeddedEngine:
         self.stats["images_encoded"] += self._vision.encoded - before
         return out
 
-    def _remember(self, r: _Request, cache, row: int) -> None:
-        """Keep a finished row's keys / values (its prompt and every generated token fed back) in the prefix cache."""
-        if self._prefix.enabled:
-            self._prefix.add(prefix_entry(r.prompt, r.sampled[:-1], cache, row))
+    def _remember(self, finished: list[tuple[_Request, int]], cache) -> None:
+        """Keep finished rows' keys / values (each prompt and every generated token fed back) in the prefix cache;
+        ``finished``: (request, batch row) pairs."""
+        if self._prefix.enabled and finished:
+            for entry in prefix_entries([(r.prompt, r.sampled[:-1], row) for r, row in finished], cache):
+                self._prefix.add(entry)
 
     def _step(self, r: _Request, token: int, logprob: float, top: tuple) -> bool:
         """Record one sampled token; returns True while the request goes on."""

@@ -269,14 +269,26 @@ def new_embeddings(
     return embeds, {"visual_pos_masks": mask, "deepstack_visual_embeds": deep}
 
 
-def prefix_entry(prompt: RenderedPrompt, fed: Sequence[int], cache, row: int) -> PrefixEntry:
-    """The entry of batch row ``row`` of a transformers KV ``cache``: ``prompt`` then the generated tokens
-    ``fed`` back into the model, which are the row's last columns (the batch is left-padded, and every
-    decode step adds a real column to each row still in it)."""
-    token_ids = tuple(prompt.token_ids) + tuple(fed)
-    n = len(token_ids)
-    keys = torch.stack([layer.keys[row][:, -n:] for layer in cache.layers])
-    values = torch.stack([layer.values[row][:, -n:] for layer in cache.layers])
-    if keys.shape[2] != n:
-        raise RuntimeError(f"a finished row holds {keys.shape[2]} cached positions for {n} fed tokens")
-    return PrefixEntry(token_ids, image_keys(prompt), keys, values)
+def prefix_entries(finished: Sequence[tuple[RenderedPrompt, Sequence[int], int]], cache) -> list[PrefixEntry]:
+    """The entries of finished batch rows of a transformers KV ``cache``, one per ``(prompt, fed, row)``: the
+    row's ``prompt`` then the generated tokens ``fed`` back into the model, which are the row's last columns (the
+    batch is left-padded, and every decode step adds a real column to each row still in it).
+
+    The rows are taken from each layer at once (one ``index_select`` per layer, then one copy per row), not
+    sliced row by row and layer by layer: 256 rows finishing together were ~57,000 small ops of host time."""
+    if not finished:
+        return []
+    first = cache.layers[0].keys
+    index = torch.tensor([row for _, _, row in finished], device=first.device)
+    keys = torch.stack([layer.keys.index_select(0, index) for layer in cache.layers], dim=1)  # [R, L, H, T, D]
+    values = torch.stack([layer.values.index_select(0, index) for layer in cache.layers], dim=1)
+    out = []
+    for k, (prompt, fed, _) in enumerate(finished):
+        token_ids = tuple(prompt.token_ids) + tuple(fed)
+        n = len(token_ids)
+        if keys.shape[3] < n:
+            raise RuntimeError(f"a finished row holds {keys.shape[3]} cached positions for {n} fed tokens")
+        # copies: an entry must not keep the whole stacked batch alive (the LRU counts each entry's own bytes)
+        own = (x[k, :, :, -n:].clone(memory_format=torch.contiguous_format) for x in (keys, values))
+        out.append(PrefixEntry(token_ids, image_keys(prompt), *own))
+    return out

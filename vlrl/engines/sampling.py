@@ -31,6 +31,18 @@ def fp32_logits(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
 
 
+def fp32_head(lm_head: torch.nn.Module):
+    """:func:`fp32_logits` with the head's fp32 weight cast once: ``hidden [N, H] -> logits [N, V]`` fp32, the same
+    values. For a loop over many forwards at fixed weights (the engine's decode steps): a bf16 2b model's head is
+    0.93 GB in fp32, which a cast per step wrote again every step."""
+    weight = lm_head.weight
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"the LM head's weight is a {type(weight).__name__}, not a tensor")
+    bias = getattr(lm_head, "bias", None)
+    w32, b32 = weight.float(), None if bias is None else bias.float()
+    return lambda hidden: torch.nn.functional.linear(hidden.float(), w32, b32)
+
+
 def contract_logprobs(logits: torch.Tensor, temperatures: torch.Tensor | float, banned: torch.Tensor) -> torch.Tensor:
     """``log_softmax(logits / T)`` in fp32 over the vocabulary without ``banned`` (the vision ids,
     which get -inf). logits ``[B, V]`` (model dtype), temperatures ``[B]`` or one float, banned ``[n]``
@@ -76,10 +88,13 @@ def sample_tokens(
     params: Sequence[SamplingParams],
     banned: torch.Tensor,
     generators: Sequence[torch.Generator | None],
+    check: bool = True,
 ) -> torch.Tensor:
     """Pick one token per row. logits ``[B, V]`` raw fp32; ``banned`` ``[n]`` ids never to be picked.
 
-    Returns ``[B]`` int64. Greedy rows take the argmax of the banned-masked logits; sampled rows draw from
+    Returns ``[B]`` int64. A sampled row whose logits are not finite (NaN, or all -inf) raises here with ``check``;
+    without it the row's token is -1 and the caller raises (:func:`raise_if_unsampled`) once it reads the tokens, so
+    nothing here waits for the device. Greedy rows take the argmax of the banned-masked logits; sampled rows draw from
     softmax(truncate(masked / T)) with their own generator (reproducible per request), as ``torch.multinomial(probs,
     1, generator=g)`` draws: argmax(probs / q), q ~ Exp(1) from ``g`` over the row. The rows are drawn together —
     one exponential fill per row, the rest batched (on a CPU in blocks of :data:`CPU_ROWS`) — where one multinomial
@@ -91,18 +106,21 @@ def sample_tokens(
     if not rows:
         return masked.argmax(dim=-1)
     every = len(rows) == len(params)
-    index = torch.tensor(rows, device=logits.device)
-    temps = torch.tensor([params[b].temperature for b in rows], dtype=torch.float32, device=logits.device)
+    index = None if every else torch.tensor(rows, device=logits.device)
     # in place on ``masked`` only when no row is greedy (its argmax is needed no more)
-    scaled = (masked if every else masked[index]).div_(temps[:, None])
+    scaled = masked if index is None else masked[index]
+    temps = [params[b].temperature for b in rows]
+    if len(set(temps)) == 1:  # one temperature (the usual batch): no tensor to copy to the device
+        scaled.div_(temps[0])
+    else:
+        scaled.div_(torch.tensor(temps, dtype=torch.float32, device=logits.device)[:, None])
     for j, b in enumerate(rows):
         p = params[b]
         if p.top_k or p.top_p < 1.0 or p.min_p > 0.0:
             scaled[j] = truncate(scaled[j], p.top_k, p.top_p, p.min_p)
     top = scaled.amax(dim=-1)  # NaN or all -inf: a broken forward (or all banned) is an error, not a token
-    if not bool(torch.isfinite(top).all()):
-        bad = [rows[j] for j in (~torch.isfinite(top)).nonzero()[:, 0].tolist()]
-        raise RuntimeError(f"sampling: the logits of batch rows {bad} are not finite")
+    if check and not bool(torch.isfinite(top).all()):
+        raise_if_unsampled([-1 if bad else 0 for bad in (~torch.isfinite(top)).tolist()], rows)
     block = len(rows) if scaled.is_cuda else CPU_ROWS
     picks = []
     for lo in range(0, len(rows), block):
@@ -111,8 +129,15 @@ def sample_tokens(
         for j in range(len(probs)):
             race[j].exponential_(1.0, generator=generators[rows[lo + j]])
         picks.append(torch.div(probs, race, out=race).argmax(dim=-1))
-    picked = torch.cat(picks)
-    return picked if every else masked.argmax(dim=-1).index_copy(0, index, picked)
+    picked = torch.where(torch.isfinite(top), torch.cat(picks), -1)
+    return picked if index is None else masked.argmax(dim=-1).index_copy(0, index, picked)
+
+
+def raise_if_unsampled(tokens: Sequence[int], rows: Sequence[int]) -> None:
+    """Raise for the rows :func:`sample_tokens` could not sample (token -1), naming them as ``rows`` does."""
+    bad = [rows[j] for j, t in enumerate(tokens) if t < 0]
+    if bad:
+        raise RuntimeError(f"sampling: the logits of batch rows {bad} are not finite")
 
 
 def sample_tokens_per_row(
