@@ -96,3 +96,33 @@ def test_cached_path_equals_the_uncached_engine_and_weight_changes_clear_it(tiny
         with torch.no_grad():
             dict(model.named_parameters())[emb].copy_(original[emb])
             head.copy_(original["head"])
+
+
+@pytest.mark.parametrize("stack_bytes", [1, 1 << 30])
+def test_finished_rows_keep_their_own_last_columns_however_many_stack_at_once(monkeypatch, stack_bytes):
+    """``prefix_entries`` takes finished rows together (as many as fit in ``STACK_BYTES``): each entry holds its
+    row's last ``len(prompt) + len(fed)`` columns of every layer, copied out of the stack."""
+    from types import SimpleNamespace
+
+    from transformers import DynamicCache
+
+    from vlrl.engines import reuse
+
+    monkeypatch.setattr(reuse, "STACK_BYTES", stack_bytes)
+    g = torch.Generator().manual_seed(0)
+    cache = DynamicCache()
+    kv = [(torch.randn(4, 2, 9, 3, generator=g), torch.randn(4, 2, 9, 3, generator=g)) for _ in range(3)]
+    for layer, (k, v) in enumerate(kv):
+        cache.update(k, v, layer)
+    finished = [
+        (SimpleNamespace(token_ids=(1, 2, 3), placeholders=(), image_hashes=()), (7, 8), 2),
+        (SimpleNamespace(token_ids=tuple(range(6)), placeholders=(), image_hashes=()), (9,), 0),
+        (SimpleNamespace(token_ids=(5,), placeholders=(), image_hashes=()), (), 3),
+    ]
+    entries = reuse.prefix_entries(finished, cache)
+    for (prompt, fed, row), entry in zip(finished, entries, strict=True):
+        n = len(prompt.token_ids) + len(fed)
+        assert entry.token_ids == tuple(prompt.token_ids) + tuple(fed)
+        assert torch.equal(entry.keys, torch.stack([k[row, :, -n:] for k, _ in kv]))
+        assert torch.equal(entry.values, torch.stack([v[row, :, -n:] for _, v in kv]))
+        assert entry.keys.is_contiguous() and entry.keys.untyped_storage().nbytes() == entry.keys.nbytes

@@ -269,26 +269,35 @@ def new_embeddings(
     return embeds, {"visual_pos_masks": mask, "deepstack_visual_embeds": deep}
 
 
+STACK_BYTES = 256 << 20
+"""Most bytes of finished rows' keys / values :func:`prefix_entries` stacks at once (then copies out per row)."""
+
+
 def prefix_entries(finished: Sequence[tuple[RenderedPrompt, Sequence[int], int]], cache) -> list[PrefixEntry]:
     """The entries of finished batch rows of a transformers KV ``cache``, one per ``(prompt, fed, row)``: the
     row's ``prompt`` then the generated tokens ``fed`` back into the model, which are the row's last columns (the
     batch is left-padded, and every decode step adds a real column to each row still in it).
 
-    The rows are taken from each layer at once (one ``index_select`` per layer, then one copy per row), not
-    sliced row by row and layer by layer: 256 rows finishing together were ~57,000 small ops of host time."""
+    Rows are taken from each layer together (an ``index_select`` per layer for as many rows as fit in
+    :data:`STACK_BYTES`, then one copy per row), not sliced row by row and layer by layer: 256 rows finishing
+    together were ~57,000 small ops of host time (benchmarks/results/engine_profile)."""
     if not finished:
         return []
     first = cache.layers[0].keys
-    index = torch.tensor([row for _, _, row in finished], device=first.device)
-    keys = torch.stack([layer.keys.index_select(0, index) for layer in cache.layers], dim=1)  # [R, L, H, T, D]
-    values = torch.stack([layer.values.index_select(0, index) for layer in cache.layers], dim=1)
-    out = []
-    for k, (prompt, fed, _) in enumerate(finished):
-        token_ids = tuple(prompt.token_ids) + tuple(fed)
-        n = len(token_ids)
-        if keys.shape[3] < n:
-            raise RuntimeError(f"a finished row holds {keys.shape[3]} cached positions for {n} fed tokens")
-        # copies: an entry must not keep the whole stacked batch alive (the LRU counts each entry's own bytes)
-        own = (x[k, :, :, -n:].clone(memory_format=torch.contiguous_format) for x in (keys, values))
-        out.append(PrefixEntry(token_ids, image_keys(prompt), *own))
+    per_row = 2 * sum(layer.keys[0].numel() for layer in cache.layers) * first.element_size()
+    step = max(1, STACK_BYTES // per_row)
+    out: list[PrefixEntry] = []
+    for lo in range(0, len(finished), step):
+        chunk = finished[lo : lo + step]
+        index = torch.tensor([row for _, _, row in chunk], device=first.device)
+        keys = torch.stack([layer.keys.index_select(0, index) for layer in cache.layers], dim=1)  # [R, L, H, T, D]
+        values = torch.stack([layer.values.index_select(0, index) for layer in cache.layers], dim=1)
+        for k, (prompt, fed, _) in enumerate(chunk):
+            token_ids = tuple(prompt.token_ids) + tuple(fed)
+            n = len(token_ids)
+            if keys.shape[3] < n:
+                raise RuntimeError(f"a finished row holds {keys.shape[3]} cached positions for {n} fed tokens")
+            # copies: an entry must not keep the stacked rows alive (the LRU counts each entry's own bytes)
+            own = (x[k, :, :, -n:].clone(memory_format=torch.contiguous_format) for x in (keys, values))
+            out.append(PrefixEntry(token_ids, image_keys(prompt), *own))
     return out
