@@ -28,19 +28,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vlrl.engines.reuse import (
-    PrefixCache,
-    VisionCache,
-    cached_prefix,
-    new_embeddings,
-    prefix_entries,
-    weights_fingerprint,
-)
+from vlrl.engines import reuse
 from vlrl.engines.sampling import (
     contract_logprobs,
     effective_temperature,
     fp32_head,
     raise_if_unsampled,
+    request_generator,
     sample_tokens,
     top_logprobs,
 )
@@ -107,8 +101,8 @@ class EmbeddedEngine:
         self._queue: queue.Queue[_Unit] = queue.Queue()  # units: one submit or one generate call
         self._held: _Unit | None = None  # a unit that did not fit the last batch: first in the next
         self._worker: threading.Thread | None = None
-        self._vision = VisionCache(image_cache_bytes)  # on the model's device: 0 bytes turns it off
-        self._prefix = PrefixCache(prefix_cache_bytes)
+        self._vision = reuse.VisionCache(image_cache_bytes)  # on the model's device: 0 bytes turns it off
+        self._prefix = reuse.PrefixCache(prefix_cache_bytes)
         self._fingerprint: int | None = None
         self.stats = {"images_encoded": 0, "prefill_columns": 0, "reused_columns": 0}
 
@@ -243,7 +237,7 @@ class EmbeddedEngine:
         ).last_hidden_state
         logits = head(hidden[:, -1])
         active = list(range(len(requests)))  # request index of each batch row
-        gens = [_generator(r.params, device) for r in requests]
+        gens = [request_generator(r.params, device) for r in requests]
         # On the device once: a CPU tensor moved in the loop is a pageable copy, which syncs the stream each step.
         temps = torch.tensor([effective_temperature(r.params.temperature) for r in requests], device=device)
         banned = self.banned_ids.to(device)
@@ -256,11 +250,10 @@ class EmbeddedEngine:
             tops = top_logprobs(contract, [r.params.logprobs_topk for r in rows])
             picked = tokens.tolist()
             raise_if_unsampled(picked, range(len(picked)))
-            keep: list[int] = []
-            done: list[int] = []
-            for row, (i, tok, lp) in enumerate(zip(active, picked, lps.tolist())):
-                (keep if self._step(requests[i], tok, lp, tops[row]) else done).append(row)
-            self._remember([(requests[active[row]], row) for row in done], cache)
+            stepped = zip(active, picked, lps.tolist(), tops)
+            on = [self._step(requests[i], t, lp, top) for i, t, lp, top in stepped]
+            keep = [row for row, going in enumerate(on) if going]
+            self._remember([(requests[active[row]], row) for row, going in enumerate(on) if not going], cache)
             if not keep:
                 return
             if len(keep) < len(active):  # drop finished rows from the batch and the cache
@@ -302,21 +295,21 @@ class EmbeddedEngine:
 
     def _check_weights(self) -> None:
         """Cached features and keys / values hold for the weights that computed them: any change clears them."""
-        fingerprint = weights_fingerprint(self.model)
+        fingerprint = reuse.weights_fingerprint(self.model)
         if fingerprint != self._fingerprint:
             self._vision.clear()
             self._prefix.clear()
             self._fingerprint = fingerprint
 
     def _cached_prefix(self, requests: list[_Request], width: int):
-        cache, start, recompute = cached_prefix(self._prefix, self.model, [r.prompt for r in requests], width)
+        cache, start, recompute = reuse.cached_prefix(self._prefix, self.model, [r.prompt for r in requests], width)
         self.stats["prefill_columns"] += recompute * len(requests)
         self.stats["reused_columns"] += start * len(requests)
         return cache, start
 
     def _new_embeddings(self, requests: list[_Request], ids: torch.Tensor, start: int) -> tuple[torch.Tensor, dict]:
         before = self._vision.encoded
-        out = new_embeddings(self._vision, self.model, [r.prompt for r in requests], ids, start)
+        out = reuse.new_embeddings(self._vision, self.model, [r.prompt for r in requests], ids, start)
         self.stats["images_encoded"] += self._vision.encoded - before
         return out
 
@@ -324,7 +317,7 @@ class EmbeddedEngine:
         """Keep finished rows' keys / values (each prompt and every generated token fed back) in the prefix cache;
         ``finished``: (request, batch row) pairs."""
         if self._prefix.enabled and finished:
-            for entry in prefix_entries([(r.prompt, r.sampled[:-1], row) for r, row in finished], cache):
+            for entry in reuse.prefix_entries([(r.prompt, r.sampled[:-1], row) for r, row in finished], cache):
                 self._prefix.add(entry)
 
     def _step(self, r: _Request, token: int, logprob: float, top: tuple) -> bool:
@@ -396,17 +389,6 @@ class EmbeddedEngine:
 
         with self._lock:
             return weights_checksum(self.model.named_parameters())
-
-
-def _generator(params: SamplingParams, device) -> torch.Generator | None:
-    if params.temperature == 0:
-        return None
-    gen = torch.Generator(device=device)
-    if params.seed is not None:
-        gen.manual_seed(params.seed)
-    else:
-        gen.seed()
-    return gen
 
 
 if TYPE_CHECKING:  # mypy proves here that the class implements the contract

@@ -14,6 +14,19 @@ def effective_temperature(temperature: float) -> float:
     return temperature if temperature > 0 else 1.0
 
 
+def request_generator(params: SamplingParams, device) -> torch.Generator | None:
+    """A request's own generator on ``device`` (seeded when it asks for a seed), None for greedy: what makes its
+    tokens independent of the batch it decodes in."""
+    if params.temperature == 0:
+        return None
+    gen = torch.Generator(device=device)
+    if params.seed is not None:
+        gen.manual_seed(params.seed)
+    else:
+        gen.seed()
+    return gen
+
+
 def fp32_logits(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """The LM head in fp32: ``hidden`` ``[N, H]`` (model dtype) -> logits ``[N, V]`` fp32.
 
