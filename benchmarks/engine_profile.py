@@ -45,7 +45,8 @@ def _profiled(call, device: str) -> dict:
         call()
         wall = now(device) - t0
     kernels = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
-    torch.cuda.empty_cache() if device == "cuda" else None
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return {
         "seconds": round(plain, 4),
         "profiled_seconds": round(wall, 4),
@@ -58,7 +59,7 @@ def _profiled(call, device: str) -> dict:
 def main() -> None:
     import torch
 
-    from vlrl.bench.engines import workload_images, workload_messages
+    from vlrl.bench.engines import hf_generate_call, workload_messages
     from vlrl.bench.run import BenchConfig, load
     from vlrl.engines.embedded import EmbeddedEngine
     from vlrl.engines.types import SamplingParams
@@ -88,17 +89,10 @@ def main() -> None:
         with engine._lock:
             engine._decode(requests)
 
-    processor = renderer.processor
-    processor.tokenizer.padding_side = "left"
-    inputs = processor(
-        text=[p.text for p in prompts], images=workload_images(args.rows), return_tensors="pt", padding=True
-    )
-    inputs = {k: v.to(args.device) for k, v in inputs.items()}
-    inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
-    kw = dict(max_new_tokens=args.max_tokens, min_new_tokens=args.max_tokens, do_sample=True, top_k=0, top_p=1.0)
+    generate = hf_generate_call(model, renderer.processor, prompts, args.device)
 
     def hf() -> None:
-        model.generate(**inputs, **kw)
+        generate(args.max_tokens)
 
     started = time.time()
     out = {

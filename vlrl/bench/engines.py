@@ -64,11 +64,10 @@ def time_embedded(engine, prompts: Sequence[Any], max_tokens: int, repeats: int,
     return best_of(lambda: call(max_tokens), repeats, device)
 
 
-def time_hf_generate(model, processor, prompts: Sequence[Any], max_tokens: int, repeats: int, device: str) -> dict:
-    """Plain transformers ``model.generate`` on the same conversations: left-padded, sampling at T = 1,
-    no top-k / top-p, ``min_new_tokens = max_new_tokens`` (eos ignored)."""
-    import torch
-
+def hf_generate_call(model, processor, prompts: Sequence[Any], device: str) -> Callable[[int], int]:
+    """``call(tokens)``: plain transformers ``model.generate`` on the same conversations as ``prompts``, left-padded,
+    sampling at T = 1, no top-k / top-p, ``min_new_tokens = max_new_tokens`` (eos ignored); returns the tokens it
+    generated. The inputs are processed and moved to ``device`` here, once, outside any timing."""
     processor.tokenizer.padding_side = "left"
     images = workload_images(len(prompts))
     inputs = processor(text=[p.text for p in prompts], images=images, return_tensors="pt", padding=True)
@@ -81,6 +80,14 @@ def time_hf_generate(model, processor, prompts: Sequence[Any], max_tokens: int, 
         out = model.generate(**inputs, **kw)
         return int((out.shape[1] - width) * out.shape[0])
 
+    return call
+
+
+def time_hf_generate(model, processor, prompts: Sequence[Any], max_tokens: int, repeats: int, device: str) -> dict:
+    """:func:`hf_generate_call` timed as :func:`best_of` times the embedded engine."""
+    import torch
+
+    call = hf_generate_call(model, processor, prompts, device)
     torch.manual_seed(0)
     call(2)
     return best_of(lambda: call(max_tokens), repeats, device)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -35,20 +35,16 @@ def fp32_logits(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     Measured on an H100 (benchmarks/results/gpu_correctness_h100/): tiny model after maze SFT, bf16,
     rollout vs trainer max |Δ| 0.039 → 0.0065 and mean 1.1e-3 → 4.5e-4 with the head in fp32; on the
     random-init 2b (near-zero logits) no change (mean 0.0158 both ways). The engine and the trainer both
-    call this; a no-op cast for fp32 models.
+    call this (the engine through :func:`fp32_head`); a no-op cast for fp32 models.
     """
+    return fp32_head(lm_head)(hidden)
+
+
+def fp32_head(lm_head: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The LM head of :func:`fp32_logits` with its fp32 weight cast once: ``hidden [N, H] -> logits [N, V]`` fp32.
+    For a loop over many forwards at fixed weights (the engine's decode steps): a bf16 2b model's head is 0.93 GB
+    in fp32, which a cast per step wrote again every step."""
     weight = lm_head.weight  # an attribute, not get_parameter: wrappers (peft layers) forward it as a property
-    if not isinstance(weight, torch.Tensor):
-        raise TypeError(f"the LM head's weight is a {type(weight).__name__}, not a tensor")
-    bias = getattr(lm_head, "bias", None)
-    return torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
-
-
-def fp32_head(lm_head: torch.nn.Module):
-    """:func:`fp32_logits` with the head's fp32 weight cast once: ``hidden [N, H] -> logits [N, V]`` fp32, the same
-    values. For a loop over many forwards at fixed weights (the engine's decode steps): a bf16 2b model's head is
-    0.93 GB in fp32, which a cast per step wrote again every step."""
-    weight = lm_head.weight
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"the LM head's weight is a {type(weight).__name__}, not a tensor")
     bias = getattr(lm_head, "bias", None)
