@@ -15,51 +15,11 @@ import time
 from pathlib import Path
 
 
-def _table(prof, sort: str, n: int = 25) -> list[dict]:
-    rows = sorted(prof.key_averages(), key=lambda e: getattr(e, sort), reverse=True)[:n]
-    return [
-        {
-            "name": e.key[:90],
-            "calls": e.count,
-            "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 2),
-            "cpu_total_ms": round(e.cpu_time_total / 1e3, 2),
-            "self_device_ms": round(e.self_device_time_total / 1e3, 2),
-        }
-        for e in rows
-    ]
-
-
-def _profiled(call, device: str) -> dict:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from vlrl.bench.env import now
-
-    call()  # warm
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    t0 = now(device)
-    call()
-    plain = now(device) - t0
-    with profile(activities=activities) as prof:
-        t0 = now(device)
-        call()
-        wall = now(device) - t0
-    kernels = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return {
-        "seconds": round(plain, 4),
-        "profiled_seconds": round(wall, 4),
-        "device_busy_seconds": round(kernels / 1e6, 4),
-        "by_host": _table(prof, "self_cpu_time_total"),
-        "by_device": _table(prof, "self_device_time_total"),
-    }
-
-
 def main() -> None:
     import torch
 
     from vlrl.bench.engines import hf_generate_call, workload_messages
+    from vlrl.bench.profiling import profiled
     from vlrl.bench.run import BenchConfig, load
     from vlrl.engines.embedded import EmbeddedEngine
     from vlrl.engines.types import SamplingParams
@@ -98,8 +58,8 @@ def main() -> None:
     out = {
         "benchmark": "engine_profile",
         "config": vars(args),
-        "embedded": _profiled(embedded, args.device),
-        "hf_generate": _profiled(hf, args.device),
+        "embedded": profiled(embedded, args.device),
+        "hf_generate": profiled(hf, args.device),
         "torch": torch.__version__,
     }
     out["wall_seconds"] = round(time.time() - started, 1)

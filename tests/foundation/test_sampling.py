@@ -66,3 +66,26 @@ def test_unchecked_a_non_finite_row_is_minus_one_and_named_once_read():
     assert got[2] == -1 and got[:2] + got[3:] == clean[:2] + clean[3:]
     with pytest.raises(RuntimeError, match=r"rows \[2\] are not finite"):
         raise_if_unsampled(got, range(len(got)))
+
+
+def test_fp32_out_head_matches_the_upcast_head_and_its_gradients():
+    """The half-precision head (:class:`Fp32OutLinear`, as bf16 models run it on CUDA; here its CPU twin): fp32
+    logits equal to the upcast product's; gradients = the upstream gradient rounded to bf16 once, exact products,
+    and one rounding of the result to bf16 (what a bf16 model's own head back-propagates)."""
+    from vlrl.engines.sampling import head_logits
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 32, generator=g).bfloat16().requires_grad_()
+    w = torch.randn(300, 32, generator=g).bfloat16().requires_grad_()
+    upstream = torch.randn(12, 300, generator=g)
+    logits = head_logits(x, w)
+    assert logits.dtype == torch.float32 and logits.grad_fn is not None and "Fp32OutLinear" in logits.grad_fn.name()
+    assert torch.equal(logits, torch.nn.functional.linear(x.detach().float(), w.detach().float()))
+    (logits * upstream).sum().backward()
+    g64 = upstream.bfloat16().double()
+    exact = {"x": g64 @ w.detach().double(), "w": g64.T @ x.detach().double()}
+    for name, got in (("x", x.grad), ("w", w.grad)):
+        assert got is not None and got.dtype == torch.bfloat16
+        want = exact[name]
+        # one bf16 rounding (unit roundoff 2^-8) of an fp32 sum; fp32's own error is far below it
+        assert ((got.double() - want).abs() <= 2**-8 * want.abs() + 1e-5).all(), name

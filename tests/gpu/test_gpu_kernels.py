@@ -59,3 +59,35 @@ def test_batch_invariance_check_catches_the_kernel_bug_and_vlrl_sdpa_fixes_it():
     if max(stride0.values()) < 1e-4:
         pytest.skip(f"this GPU's SDPA kernel no longer has the stride-0 bug ({stride0}); vlrl_sdpa passed")
     assert not before.passed, f"the check missed the kernel bug: {before.summary()}"
+
+
+def test_bf16_head_gives_the_upcast_logits_and_gradients_on_cuda():
+    """The LM head of a bf16 model on CUDA (``vlrl.engines.sampling.fp32_head``: one tensor-core GEMM with fp32
+    output) against the upcast fp32 product, at the 2b model's head shape: the same logits up to fp32 sums,
+    gradients within one bf16 rounding of the upstream-rounded exact ones."""
+    import torch
+
+    from vlrl.engines.sampling import fp32_head
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    g = torch.Generator(device="cuda").manual_seed(0)
+    head = torch.nn.Linear(1536, 151_936, bias=False, device="cuda", dtype=torch.bfloat16)
+    torch.nn.init.normal_(head.weight, std=0.02, generator=g)
+    x = (torch.randn(300, 1536, device="cuda", generator=g) * 2).bfloat16().requires_grad_()
+    logits = fp32_head(head)(x)
+    assert logits.dtype == torch.float32 and "Fp32OutLinear" in logits.grad_fn.name()
+    ref = x.detach().double() @ head.weight.detach().double().T
+    err = (logits.double() - ref).abs().max().item()
+    upcast = (torch.nn.functional.linear(x.detach().float(), head.weight.detach().float()).double() - ref).abs().max()
+    top = ref.abs().max().item()
+    print(f"max |logit - fp64|: tensor cores {err:.2e}, fp32 CUDA cores {upcast.item():.2e} (|logit| <= {top:.2f})")
+    assert err <= 1e-5 * top
+    upstream = torch.randn(logits.shape, device="cuda", generator=g) * 1e-3
+    (logits * upstream).sum().backward()
+    g64 = upstream.bfloat16().double()
+    w64, x64 = head.weight.detach().double(), x.detach().double()
+    exact = {"x": (g64 @ w64, g64.abs() @ w64.abs()), "w": (g64.T @ x64, g64.T.abs() @ x64.abs())}
+    for name, got in (("x", x.grad), ("w", head.weight.grad)):
+        assert got is not None and got.dtype == torch.bfloat16
+        want, size = exact[name]  # one bf16 rounding of each result, plus fp32's error on the sum of |terms|
+        assert ((got.double() - want).abs() <= 2**-8 * want.abs() + 2**-20 * size).all(), name

@@ -27,13 +27,17 @@ def request_generator(params: SamplingParams, device) -> torch.Generator | None:
     return gen
 
 
+HALF = (torch.bfloat16, torch.float16)
+"""Model dtypes whose LM head runs as one fp32-output GEMM on CUDA (:func:`fp32_head`)."""
+
+
 def fp32_logits(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """The LM head in fp32: ``hidden`` ``[N, H]`` (model dtype) -> logits ``[N, V]`` fp32.
+    """The LM head with fp32 logits: ``hidden`` ``[N, H]`` (model dtype) -> logits ``[N, V]`` fp32.
 
     A bf16 head rounds each logit to 8 bits of mantissa (a logit of 10 carries ±0.03), differently on
     each side once the hidden states differ in their last bits; that matters when logits are peaked.
     Measured on an H100 (benchmarks/results/gpu_correctness_h100/): tiny model after maze SFT, bf16,
-    rollout vs trainer max |Δ| 0.039 → 0.0065 and mean 1.1e-3 → 4.5e-4 with the head in fp32; on the
+    rollout vs trainer max |Δ| 0.039 → 0.0065 and mean 1.1e-3 → 4.5e-4 with fp32 logits; on the
     random-init 2b (near-zero logits) no change (mean 0.0158 both ways). The engine and the trainer both
     call this (the engine through :func:`fp32_head`); a no-op cast for fp32 models.
     """
@@ -41,15 +45,64 @@ def fp32_logits(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def fp32_head(lm_head: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The LM head of :func:`fp32_logits` with its fp32 weight cast once: ``hidden [N, H] -> logits [N, V]`` fp32.
-    For a loop over many forwards at fixed weights (the engine's decode steps): a bf16 2b model's head is 0.93 GB
-    in fp32, which a cast per step wrote again every step."""
+    """The LM head of :func:`fp32_logits` as a function ``hidden [..., H] -> logits [..., V]`` fp32, for a loop
+    over many forwards at fixed weights (the engine's decode steps).
+
+    bf16 / fp16 on CUDA: one GEMM on the tensor cores with fp32 accumulation and fp32 output
+    (:class:`Fp32OutLinear`). Products of two bf16 numbers are exact in fp32, so these are the logits of the
+    upcast weights up to the order of fp32 additions — while an fp32 GEMM (TF32 off, as vlrl runs) runs on the
+    CUDA cores at a tenth of the speed. Elsewhere (CPU, fp32 models) the weight is cast once here (a bf16 2b
+    model's head is 0.93 GB in fp32, which a cast per decode step wrote again every step)."""
     weight = lm_head.weight  # an attribute, not get_parameter: wrappers (peft layers) forward it as a property
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"the LM head's weight is a {type(weight).__name__}, not a tensor")
     bias = getattr(lm_head, "bias", None)
+    if weight.is_cuda and weight.dtype in HALF:
+        return lambda hidden: head_logits(hidden, weight, bias)
     w32, b32 = weight.float(), None if bias is None else bias.float()
     return lambda hidden: torch.nn.functional.linear(hidden.float(), w32, b32)
+
+
+def head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``hidden [..., H] @ weight[V, H].T (+ bias)`` -> fp32 ``[..., V]``; tensor-core GEMMs when both are the
+    same half dtype (:class:`Fp32OutLinear`), else the upcast product."""
+    if hidden.dtype != weight.dtype or weight.dtype not in HALF:
+        return torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+    if hidden.dim() == 2:
+        logits = Fp32OutLinear.apply(hidden, weight)
+    else:
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        logits = Fp32OutLinear.apply(flat, weight).reshape(*hidden.shape[:-1], weight.shape[0])
+    return logits if bias is None else logits + bias.float()
+
+
+def mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` of two half-precision matrices with fp32 accumulation and an fp32 result: cuBLAS's own
+    (``torch.mm`` with ``out_dtype``, CUDA only), else the same products upcast."""
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return torch.mm(a.float(), b.float())
+
+
+class Fp32OutLinear(torch.autograd.Function):
+    """``x [N, H] @ w[V, H].T`` -> fp32 ``[N, V]`` from half-precision ``x`` and ``w`` (:func:`mm32`).
+
+    Backward: the fp32 gradient of the logits is rounded to the half dtype once, then both products
+    accumulate in fp32 and are rounded to their input's dtype — the gradients a half-precision model's own
+    head would get, without a ``[V, H]`` fp32 copy of the weight or its gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        return mm32(x, w.t())
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        x, w = ctx.saved_tensors
+        g = grad.to(w.dtype)
+        gx = mm32(g, w).to(x.dtype) if ctx.needs_input_grad[0] else None
+        gw = mm32(g.t(), x).to(w.dtype) if ctx.needs_input_grad[1] else None
+        return gx, gw
 
 
 def contract_logprobs(logits: torch.Tensor, temperatures: torch.Tensor | float, banned: torch.Tensor) -> torch.Tensor:
