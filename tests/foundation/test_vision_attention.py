@@ -62,3 +62,17 @@ def test_packed_images_under_unknown_boundary_names_are_refused():
         vision_varlen_forward(torch.nn.Identity(), q, q, q, cu_seqlens_q=torch.tensor([0, 4, 8]), max_length_q=4)
     out, _ = vision_varlen_forward(torch.nn.Identity(), q, q, q)  # one image: transformers' loop
     assert out.shape == (1, 8, 2, 4)
+
+
+def test_segment_lengths_are_read_once_per_boundaries_tensor():
+    """Every block of a tower gets the same boundaries tensor: its lengths are read to the host once (on CUDA each
+    read is a sync), kept on the tensor, and read again after an in-place change."""
+    from vlrl.models.attention import LENGTHS_ATTR, segment_lengths
+
+    cu = torch.tensor([0, 16, 16 + 64, 16 + 64 + 16], dtype=torch.int32)
+    assert segment_lengths(cu) == [16, 64, 16]
+    assert getattr(cu, LENGTHS_ATTR) == (cu._version, (16, 64, 16))
+    setattr(cu, LENGTHS_ATTR, (cu._version, (1, 2, 3)))  # what a second block reads: the kept lengths, not the tensor
+    assert segment_lengths(cu) == [1, 2, 3]
+    cu[3] = 100
+    assert segment_lengths(cu) == [16, 64, 20]

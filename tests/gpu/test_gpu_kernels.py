@@ -91,3 +91,47 @@ def test_bf16_head_gives_the_upcast_logits_and_gradients_on_cuda():
         assert got is not None and got.dtype == torch.bfloat16
         want, size = exact[name]  # one bf16 rounding of each result, plus fp32's error on the sum of |terms|
         assert ((got.double() - want).abs() <= 2**-8 * want.abs() + 2**-20 * size).all(), name
+
+
+def _syncs(fn) -> int:
+    """How many synchronizing CUDA operations ``fn()`` ran (torch's sync debug mode, one warning each)."""
+    import warnings
+
+    import torch
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(w.message) for w in caught)
+
+
+def test_positions_make_no_host_sync_per_image(vlrl_model_dir):
+    """mRoPE positions of a CUDA batch (``vlrl.models.positions.mrope_positions``) cost a fixed number of host
+    syncs (its CPU copies), however many images the rows hold — the model's own ``get_rope_index`` on CUDA tensors
+    reads each image's grid one value at a time. The ids equal the CPU computation's."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from vlrl.models.load import load_model, load_processor
+    from vlrl.models.positions import mrope_positions
+
+    model_dir = vlrl_model_dir("qwen2_5_vl")
+    model, processor = load_model(model_dir, device="cuda"), load_processor(model_dir)
+    rng = np.random.default_rng(0)
+    counts = {}
+    for n in (2, 8):
+        images = [Image.fromarray(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8)) for _ in range(n)]
+        text = "".join("<|vision_start|><|image_pad|><|vision_end|> move" for _ in images)
+        inputs = processor(text=[text, text], images=images + images, return_tensors="pt")
+        ids, attn, grid = (inputs[k].cuda() for k in ("input_ids", "attention_mask", "image_grid_thw"))
+        counts[n] = _syncs(lambda ids=ids, attn=attn, grid=grid: mrope_positions(model, ids, attn, grid))
+        on_cuda = mrope_positions(model, ids, attn, grid)
+        assert on_cuda.is_cuda and torch.equal(on_cuda.cpu(), mrope_positions(model, ids.cpu(), attn.cpu(), grid.cpu()))
+    print(f"host syncs of mrope_positions by images per row: {counts}")
+    assert counts[2] == counts[8] <= 6, counts
