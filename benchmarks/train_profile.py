@@ -85,7 +85,8 @@ def main() -> None:
             sampling.HALF = half
         row["update_mfu"] = round(flops / row["update"]["seconds"] / peak, 4) if peak else None
         out[variant] = row
-        print(variant, {k: (v["seconds"], v["device_busy_seconds"]) for k, v in row.items() if isinstance(v, dict)})
+        timed = {k: v for k, v in row.items() if isinstance(v, dict)}
+        print(variant, {k: (v["seconds"], v["device_busy_seconds"], v["host_syncs"]) for k, v in timed.items()})
         print("   MFU of the update", row["update_mfu"])
         for r in row["update"]["by_device"][:10]:
             print("   dev ", r)

@@ -26,7 +26,8 @@ def table(prof: Any, sort: str, n: int = 25) -> list[dict]:
 
 def profiled(call: Callable[[], Any], device: str) -> dict:
     """``call`` once to warm, once timed, once under the profiler: ``seconds`` (the timed call),
-    ``profiled_seconds``, ``device_busy_seconds`` (its kernels' sum) and the top ops by host and by device."""
+    ``profiled_seconds``, ``device_busy_seconds`` (its kernels' sum), ``host_syncs`` (stream / device
+    synchronisations) and the top ops by host and by device."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -41,13 +42,16 @@ def profiled(call: Callable[[], Any], device: str) -> dict:
         t0 = now(device)
         call()
         wall = now(device) - t0
-    kernels = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
+    events = prof.key_averages()
+    kernels = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
+    syncs = sum(e.count for e in events if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize"))
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return {
         "seconds": round(plain, 4),
         "profiled_seconds": round(wall, 4),
         "device_busy_seconds": round(kernels / 1e6, 4),
+        "host_syncs": syncs,
         "by_host": table(prof, "self_cpu_time_total"),
         "by_device": table(prof, "self_device_time_total"),
     }
