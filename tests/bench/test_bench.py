@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 
@@ -104,3 +105,25 @@ def test_bad_input_is_one_line_and_a_usage_error(argv, words, capsys):
     assert main(["bench", "--quick", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and "\n" not in err
+
+
+def test_engines_are_timed_in_turns_and_the_fastest_run_kept():
+    """The two engines' timed calls alternate (each round one call of each), so a drift of the host's pace over
+    the rounds reaches both; each keeps its fastest run."""
+    from vlrl.bench.engines import alternating
+
+    order: list[str] = []
+    pace = iter([0.03, 0.01, 0.02, 0.04])  # seconds each call sleeps, in the order the calls are made
+
+    def timed(name: str):
+        def call() -> int:
+            order.append(name)
+            time.sleep(next(pace))
+            return 8
+
+        return call
+
+    out = alternating({"a": timed("a"), "b": timed("b")}, repeats=2, device="cpu")
+    assert order == ["a", "b", "a", "b"]
+    assert 0.02 <= out["a"]["seconds"] < 0.03 and 0.01 <= out["b"]["seconds"] < 0.02
+    assert out["a"]["tokens"] == 8 and abs(out["a"]["tok_per_s"] * out["a"]["seconds"] - 8) < 0.05

@@ -130,8 +130,8 @@ def test_positions_make_no_host_sync_per_image(vlrl_model_dir):
         text = "".join("<|vision_start|><|image_pad|><|vision_end|> move" for _ in images)
         inputs = processor(text=[text, text], images=images + images, return_tensors="pt")
         ids, attn, grid = (inputs[k].cuda() for k in ("input_ids", "attention_mask", "image_grid_thw"))
+        on_cuda = mrope_positions(model, ids, attn, grid)  # first call's one-off costs out of the count
         counts[n] = _syncs(lambda ids=ids, attn=attn, grid=grid: mrope_positions(model, ids, attn, grid))
-        on_cuda = mrope_positions(model, ids, attn, grid)
         assert on_cuda.is_cuda and torch.equal(on_cuda.cpu(), mrope_positions(model, ids.cpu(), attn.cpu(), grid.cpu()))
     print(f"host syncs of mrope_positions by images per row: {counts}")
     assert counts[2] == counts[8] <= 6, counts

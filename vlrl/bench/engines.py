@@ -4,12 +4,14 @@ Each request: one 224×224 seeded random image + a short question (``workload``)
 tokens, eos ignored, T = 1. Request ``i`` carries seed ``i`` in the engine; HF ``generate`` has one
 generator per call (seeded once with ``torch.manual_seed(0)``), so its tokens differ, their count
 does not. tok/s = generated tokens / wall seconds of the whole call (prefill included), best of
-``repeats`` after a warm-up call of the same batch at 2 tokens (allocator and kernel caches). The embedded
+``repeats`` after a warm-up call of the same batch at 2 tokens (allocator and kernel caches), the two engines'
+calls taking turns (:func:`alternating`). The embedded
 engine's image and prefix caches are cleared before each call: every call starts cold, as HF generate does.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,16 +41,29 @@ def workload_messages(n: int) -> list[list[dict]]:
 
 def best_of(call: Callable[[], int], repeats: int, device: str) -> dict[str, float | int]:
     """Time ``call`` (returns the tokens it generated) ``repeats`` times; the fastest run's seconds and tok/s."""
-    best, tokens = float("inf"), 0
+    return alternating({"call": call}, repeats, device)["call"]
+
+
+def alternating(calls: dict[str, Callable[[], int]], repeats: int, device: str) -> dict[str, dict[str, float | int]]:
+    """Each of ``calls`` once per round, in turn, for ``repeats`` rounds; per call the fastest run's seconds and
+    tok/s. Why in turn: both engines here are bound by the host, whose pace drifts over seconds on a shared
+    machine; timing one engine's runs and then the other's compared two moments, not two engines."""
+    best = {name: float("inf") for name in calls}
+    tokens = dict.fromkeys(calls, 0)
     for _ in range(repeats):
-        t0 = now(device)
-        tokens = call()
-        best = min(best, now(device) - t0)
-    return {"seconds": round(best, 4), "tokens": tokens, "tok_per_s": round(tokens / best, 2)}
+        for name, call in calls.items():
+            t0 = now(device)
+            tokens[name] = call()
+            best[name] = min(best[name], now(device) - t0)
+    out = {}
+    for n in calls:
+        out[n] = {"seconds": round(best[n], 4), "tokens": tokens[n], "tok_per_s": round(tokens[n] / best[n], 2)}
+    return out
 
 
-def time_embedded(engine, prompts: Sequence[Any], max_tokens: int, repeats: int, device: str) -> dict:
-    """vlrl's embedded engine on rendered ``prompts`` (one ``generate`` call: one batch of ``max_batch`` rows)."""
+def embedded_call(engine, prompts: Sequence[Any]) -> Callable[[int], int]:
+    """``call(tokens)``: vlrl's embedded engine on rendered ``prompts`` (one ``generate`` call: one batch of
+    ``max_batch`` rows), each call from cold caches; returns the tokens it generated."""
     from vlrl.engines.types import SamplingParams
 
     def params(tokens: int) -> list[SamplingParams]:
@@ -60,8 +75,7 @@ def time_embedded(engine, prompts: Sequence[Any], max_tokens: int, repeats: int,
         engine.clear_caches()  # a cold start each call, as HF generate's: the same prompts again would hit the cache
         return sum(len(g.token_ids) for g in engine.generate(prompts, params(tokens)))
 
-    call(2)
-    return best_of(lambda: call(max_tokens), repeats, device)
+    return call
 
 
 def hf_generate_call(model, processor, prompts: Sequence[Any], device: str) -> Callable[[int], int]:
@@ -83,14 +97,12 @@ def hf_generate_call(model, processor, prompts: Sequence[Any], device: str) -> C
     return call
 
 
-def time_hf_generate(model, processor, prompts: Sequence[Any], max_tokens: int, repeats: int, device: str) -> dict:
-    """:func:`hf_generate_call` timed as :func:`best_of` times the embedded engine."""
+def hf_call(model, renderer, prompts: Sequence[Any], device: str) -> Callable[[int], int]:
+    """:func:`hf_generate_call` with its sampling seeded once (``torch.manual_seed(0)``)."""
     import torch
 
-    call = hf_generate_call(model, processor, prompts, device)
     torch.manual_seed(0)
-    call(2)
-    return best_of(lambda: call(max_tokens), repeats, device)
+    return hf_generate_call(model, renderer.processor, prompts, device)
 
 
 def engine_section(model, renderer, batch_sizes: Sequence[int], max_tokens: int, repeats: int, device: str) -> dict:
@@ -106,9 +118,12 @@ def engine_section(model, renderer, batch_sizes: Sequence[int], max_tokens: int,
         prompts = [renderer.render(m) for m in messages]
         render_s = time.perf_counter() - t0
         key = str(n)
-        out["embedded"][key] = {**time_embedded(engine, prompts, max_tokens, repeats, device)}
-        out["embedded"][key]["render_seconds"] = round(render_s, 4)
-        out["hf_generate"][key] = time_hf_generate(model, renderer.processor, prompts, max_tokens, repeats, device)
+        calls = {"embedded": embedded_call(engine, prompts), "hf_generate": hf_call(model, renderer, prompts, device)}
+        for call in calls.values():
+            call(2)  # warm-up
+        timed = alternating({k: functools.partial(c, max_tokens) for k, c in calls.items()}, repeats, device)
+        out["embedded"][key] = timed["embedded"] | {"render_seconds": round(render_s, 4)}
+        out["hf_generate"][key] = timed["hf_generate"]
         out["embedded_over_hf"][key] = round(
             out["embedded"][key]["tok_per_s"] / out["hf_generate"][key]["tok_per_s"], 3
         )

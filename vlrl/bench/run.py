@@ -29,8 +29,8 @@ class BenchConfig:
     batch_sizes: tuple[int, ...] = (1, 8, 64, 256)
     max_tokens: int = 64
     """New tokens per engine request (eos ignored)."""
-    repeats: int = 2
-    """Timed engine calls per batch size (best kept), after a 2-token warm-up call."""
+    repeats: int = 3
+    """Timed engine calls per batch size (best kept), after a 2-token warm-up call; the engines take turns."""
     turns: int = 16
     episodes: int = 8
     """Multi-turn: maze2d episodes rolled out together, ``turns`` turns each."""
