@@ -134,4 +134,4 @@ def test_positions_make_no_host_sync_per_image(vlrl_model_dir):
         counts[n] = _syncs(lambda ids=ids, attn=attn, grid=grid: mrope_positions(model, ids, attn, grid))
         assert on_cuda.is_cuda and torch.equal(on_cuda.cpu(), mrope_positions(model, ids.cpu(), attn.cpu(), grid.cpu()))
     print(f"host syncs of mrope_positions by images per row: {counts}")
-    assert counts[2] == counts[8] <= 6, counts
+    assert counts[8] <= counts[2] <= 6, counts  # 8 images a row sync no more than 2 (before: about 5 per image)
