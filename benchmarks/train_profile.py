@@ -7,7 +7,8 @@ step is the bench's (``Trainer.logprobs`` then ``Trainer.sft_step``, micro-batch
 one model: ``tensor_cores`` (the LM head of a half-precision model as one fp32-output GEMM, vlrl's default on CUDA)
 and ``upcast`` (the head's weight and hidden states cast to fp32 and multiplied there, as before). Each: wall,
 device-busy seconds, top ops by host and device time (vlrl.bench.profiling), and the update's MFU by the bench's
-formula. The weights change with every update; the variants' timings do not depend on their values.
+formula. The weights change with every update; the variants' timings do not depend on their values. The JSON is
+written after each variant, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -16,26 +17,12 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 VARIANTS = ("tensor_cores", "upcast")
 
 
-def main() -> None:
-    import torch
-
-    from vlrl.algos.config import AlgoConfig
-    from vlrl.bench import env
-    from vlrl.bench.flops import FORMULA, peak_flops, train_flops
-    from vlrl.bench.multiturn import rollout_turns
-    from vlrl.bench.profiling import profiled
-    from vlrl.bench.run import BenchConfig, load
-    from vlrl.bench.training import _params
-    from vlrl.engines import sampling
-    from vlrl.engines.embedded import EmbeddedEngine
-    from vlrl.train.batch import CollateSpec, collate
-    from vlrl.train.config import OptimSection
-    from vlrl.train.trainer import Trainer
-
+def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
     ap.add_argument("--size", default="tiny")
@@ -44,9 +31,26 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     args = ap.parse_args()
-    variants = args.variants.split(",")
-    if unknown := set(variants) - set(VARIANTS):
+    args.variants = args.variants.split(",")
+    if unknown := set(args.variants) - set(VARIANTS):
         raise SystemExit(f"train_profile: unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+    return args
+
+
+def setup(args: argparse.Namespace) -> tuple[Any, Any, dict]:
+    """``(trainer, batch, description)``: the bench's trainer and rollout batch, and what the JSON says of them."""
+    import torch
+
+    from vlrl.algos.config import AlgoConfig
+    from vlrl.bench import env
+    from vlrl.bench.flops import FORMULA, peak_flops, train_flops
+    from vlrl.bench.multiturn import rollout_turns
+    from vlrl.bench.run import BenchConfig, load
+    from vlrl.bench.training import _params
+    from vlrl.engines.embedded import EmbeddedEngine
+    from vlrl.train.batch import CollateSpec, collate
+    from vlrl.train.config import OptimSection
+    from vlrl.train.trainer import Trainer
 
     config = BenchConfig(size=args.size, device=args.device, dtype=args.dtype)
     _, model, renderer = load(config)
@@ -56,43 +60,63 @@ def main() -> None:
     )
     trainer = Trainer(model, AlgoConfig(), OptimSection(micro_batch_size=args.micro_batch), lr=1e-6)
     batch = collate(list(trajectories), CollateSpec.from_model(model)).to(trainer.device)
-    tokens, patches = int(batch.seq_lens.sum()), int(batch.pixel_values.shape[0])
+    tokens = int(batch.seq_lens.sum())
+    patches = 0 if batch.pixel_values is None else int(batch.pixel_values.shape[0])
     n_lm, n_vis = _params(model)
-    flops = train_flops(n_lm, tokens, n_vis, patches)
-    peak = peak_flops(env.device_name(args.device), args.dtype)
-    out: dict = {
-        "benchmark": "train_profile",
-        "config": vars(args),
-        "device_name": env.device_name(args.device),
-        "git": env.git_commit(),
-        "torch": torch.__version__,
-        "rows": batch.size,
-        "tokens": tokens,
-        "scored_tokens": int(batch.loss_mask.sum()),
-        "patches": patches,
-        "formula": FORMULA,
-        "train_flops": flops,
-        "peak_flops": peak,
-    }
-    started, half = time.time(), sampling.HALF
     model.train()
-    for variant in variants:
-        sampling.HALF = half if variant == "tensor_cores" else ()  # fp32_head reads it at every call
-        try:
-            row = {"logprobs": profiled(lambda: trainer.logprobs(batch), args.device)}
-            row["update"] = profiled(lambda: trainer.sft_step(batch), args.device)
-        finally:
-            sampling.HALF = half
-        row["update_mfu"] = round(flops / row["update"]["seconds"] / peak, 4) if peak else None
+    return (
+        trainer,
+        batch,
+        {
+            "benchmark": "train_profile",
+            "config": vars(args),
+            "device_name": env.device_name(args.device),
+            "git": env.git_commit(),
+            "torch": torch.__version__,
+            "rows": batch.size,
+            "tokens": tokens,
+            "scored_tokens": int(batch.loss_mask.sum()),
+            "patches": patches,
+            "formula": FORMULA,
+            "train_flops": train_flops(n_lm, tokens, n_vis, patches),
+            "peak_flops": peak_flops(env.device_name(args.device), args.dtype),
+        },
+    )
+
+
+def profile_variant(variant: str, trainer, batch, device: str) -> dict:
+    """The logprob pass and the update under the profiler, with the LM head as ``variant`` says."""
+    from vlrl.bench.profiling import profiled
+    from vlrl.engines import sampling
+
+    half = sampling.HALF
+    sampling.HALF = half if variant == "tensor_cores" else ()  # fp32_head reads it at every call
+    try:
+        return {
+            "logprobs": profiled(lambda: trainer.logprobs(batch), device),
+            "update": profiled(lambda: trainer.sft_step(batch), device),
+        }
+    finally:
+        sampling.HALF = half
+
+
+def main() -> None:
+    args = parse()
+    trainer, batch, out = setup(args)
+    started, path = time.time(), Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for variant in args.variants:
+        row = profile_variant(variant, trainer, batch, args.device)
+        peak = out["peak_flops"]
+        row["update_mfu"] = round(out["train_flops"] / row["update"]["seconds"] / peak, 4) if peak else None
         out[variant] = row
+        out["wall_seconds"] = round(time.time() - started, 1)
+        path.write_text(json.dumps(out, indent=1) + "\n")
         timed = {k: v for k, v in row.items() if isinstance(v, dict)}
         print(variant, {k: (v["seconds"], v["device_busy_seconds"], v["host_syncs"]) for k, v in timed.items()})
         print("   MFU of the update", row["update_mfu"])
         for r in row["update"]["by_device"][:10]:
             print("   dev ", r)
-    out["wall_seconds"] = round(time.time() - started, 1)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ def request_generator(params: SamplingParams, device) -> torch.Generator | None:
     return gen
 
 
-HALF = (torch.bfloat16, torch.float16)
+HALF: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
 """Model dtypes whose LM head runs as one fp32-output GEMM on CUDA (:func:`fp32_head`)."""
 
 
