@@ -97,16 +97,10 @@ def hf_generate_call(model, processor, prompts: Sequence[Any], device: str) -> C
     return call
 
 
-def hf_call(model, renderer, prompts: Sequence[Any], device: str) -> Callable[[int], int]:
-    """:func:`hf_generate_call` with its sampling seeded once (``torch.manual_seed(0)``)."""
-    import torch
-
-    torch.manual_seed(0)
-    return hf_generate_call(model, renderer.processor, prompts, device)
-
-
 def engine_section(model, renderer, batch_sizes: Sequence[int], max_tokens: int, repeats: int, device: str) -> dict:
     """``{"embedded": {n: timing}, "hf_generate": {n: timing}, "embedded_over_hf": {n: ratio}}`` per batch size."""
+    import torch
+
     from vlrl.engines.embedded import EmbeddedEngine
 
     engine = EmbeddedEngine(model, renderer.tokenizer, max_batch=max(batch_sizes))
@@ -118,7 +112,9 @@ def engine_section(model, renderer, batch_sizes: Sequence[int], max_tokens: int,
         prompts = [renderer.render(m) for m in messages]
         render_s = time.perf_counter() - t0
         key = str(n)
-        calls = {"embedded": embedded_call(engine, prompts), "hf_generate": hf_call(model, renderer, prompts, device)}
+        torch.manual_seed(0)  # HF generate's one generator (module docstring)
+        hf = hf_generate_call(model, renderer.processor, prompts, device)
+        calls = {"embedded": embedded_call(engine, prompts), "hf_generate": hf}
         for call in calls.values():
             call(2)  # warm-up
         timed = alternating({k: functools.partial(c, max_tokens) for k, c in calls.items()}, repeats, device)

@@ -151,6 +151,10 @@ def vision_varlen_forward(
 AttentionInterface.register(VISION, vision_varlen_forward)
 
 
+LENGTHS_ATTR = "_vlrl_segment_lengths"
+"""Where :func:`segment_lengths` keeps a boundaries tensor's lengths (with the tensor's version)."""
+
+
 def segment_lengths(cu_seq_lens: torch.Tensor) -> list[int]:
     """The segments' lengths of ``cu_seq_lens`` ``[n + 1]``, read to the host once per tensor: a vision tower
     hands every block the same boundaries tensor (one for whole images, one for windows), and each read of a CUDA
@@ -161,6 +165,3 @@ def segment_lengths(cu_seq_lens: torch.Tensor) -> list[int]:
     lengths = (cu_seq_lens[1:] - cu_seq_lens[:-1]).tolist()
     setattr(cu_seq_lens, LENGTHS_ATTR, (cu_seq_lens._version, tuple(lengths)))
     return lengths
-
-
-LENGTHS_ATTR = "_vlrl_segment_lengths"
