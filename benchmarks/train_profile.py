@@ -1,11 +1,12 @@
 """Where ``vlrl bench``'s train step spends its time: the logprob pass and the update under ``torch.profiler``.
 
-    python benchmarks/train_profile.py OUT.json --size 2b --device cuda --dtype bfloat16 [--variants upcast]
+    python benchmarks/train_profile.py OUT.json --size 2b --device cuda --dtype bfloat16 [--variants fused,eager]
 
 The batch is the bench's (vlrl.bench.training: the embedded engine's maze2d rollout, 8 episodes x 16 turns) and the
 step is the bench's (``Trainer.logprobs`` then ``Trainer.sft_step``, micro-batch 4). Variants, in one process on
-one model: ``tensor_cores`` (the LM head of a half-precision model as one fp32-output GEMM, vlrl's default on CUDA)
-and ``upcast`` (the head's weight and hidden states cast to fp32 and multiplied there, as before). Each: wall,
+one model: ``fused`` (vlrl's defaults on CUDA: RMSNorm / SwiGLU / rotary compiled, ``vlrl.models.fused``, and the
+LM head of a half-precision model as one fp32-output GEMM), ``eager`` (transformers' own RMSNorm / SwiGLU / rotary)
+and ``upcast`` (eager, and the head's weight and hidden states cast to fp32 and multiplied there). Each: wall,
 device-busy seconds, top ops by host and device time (vlrl.bench.profiling), and the update's MFU by the bench's
 formula. The weights change with every update; the variants' timings do not depend on their values. The JSON is
 written after each variant, so a run cut short keeps what it measured.
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-VARIANTS = ("tensor_cores", "upcast")
+VARIANTS = ("fused", "eager", "upcast")
 
 
 def parse() -> argparse.Namespace:
@@ -29,7 +30,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--micro-batch", type=int, default=4)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default="fused,eager")
     args = ap.parse_args()
     args.variants = args.variants.split(",")
     if unknown := set(args.variants) - set(VARIANTS):
@@ -85,12 +86,14 @@ def setup(args: argparse.Namespace) -> tuple[Any, Any, dict]:
 
 
 def profile_variant(variant: str, trainer, batch, device: str) -> dict:
-    """The logprob pass and the update under the profiler, with the LM head as ``variant`` says."""
+    """The logprob pass and the update under the profiler, with the kernels and LM head ``variant`` says."""
     from vlrl.bench.profiling import profiled
     from vlrl.engines import sampling
+    from vlrl.models import fused
 
     half = sampling.HALF
-    sampling.HALF = half if variant == "tensor_cores" else ()  # fp32_head reads it at every call
+    sampling.HALF = () if variant == "upcast" else half  # fp32_head reads it at every call
+    (fused.install if variant == "fused" else fused.uninstall)(trainer.model)
     try:
         return {
             "logprobs": profiled(lambda: trainer.logprobs(batch), device),
@@ -100,11 +103,36 @@ def profile_variant(variant: str, trainer, batch, device: str) -> dict:
         sampling.HALF = half
 
 
+def agreement(variants: list[str], trainer, batch) -> dict:
+    """Each variant's logprobs of the batch's scored tokens against the first variant's, before any update:
+    ``{variant: {max_abs, mean_abs}}`` (fp32 nats)."""
+    import torch
+
+    from vlrl.engines import sampling
+    from vlrl.models import fused
+
+    half, lps = sampling.HALF, {}
+    for variant in variants:
+        sampling.HALF = () if variant == "upcast" else half
+        (fused.install if variant == "fused" else fused.uninstall)(trainer.model)
+        with torch.no_grad():
+            out = trainer.logprobs(batch)
+        lps[variant] = out.logprobs[out.computed]
+    sampling.HALF = half
+    first = lps[variants[0]]
+    return {
+        v: {"max_abs": float((x - first).abs().max()), "mean_abs": float((x - first).abs().mean())}
+        for v, x in lps.items()
+    }
+
+
 def main() -> None:
     args = parse()
     trainer, batch, out = setup(args)
     started, path = time.time(), Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
+    out["agreement_vs_first_variant"] = agreement(args.variants, trainer, batch)
+    print("agreement", out["agreement_vs_first_variant"])
     for variant in args.variants:
         row = profile_variant(variant, trainer, batch, args.device)
         peak = out["peak_flops"]

@@ -135,3 +135,48 @@ def test_positions_make_no_host_sync_per_image(vlrl_model_dir):
         assert on_cuda.is_cuda and torch.equal(on_cuda.cpu(), mrope_positions(model, ids.cpu(), attn.cpu(), grid.cpu()))
     print(f"host syncs of mrope_positions by images per row: {counts}")
     assert counts[8] <= counts[2] <= 6, counts  # 8 images a row sync no more than 2 (before: about 5 per image)
+
+
+def test_fused_kernels_compile_and_agree_with_transformers_in_bf16(vlrl_model_dir):
+    """``vlrl.models.fused`` on CUDA: RMSNorm, SwiGLU and both rotaries compile (no graph break: fullgraph), and a
+    bf16 model's logprobs and gradients with them agree with transformers' eager kernels within bf16 noise (the
+    agreement bound's mean and max: the fused kernels round bf16 intermediates once, eager rounds each op)."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from vlrl.checks.bounds import bounds_for
+    from vlrl.models import fused
+    from vlrl.models.load import load_model, load_processor
+
+    model_dir = vlrl_model_dir("qwen2_5_vl")
+    model, processor = load_model(model_dir, dtype=torch.bfloat16, device="cuda"), load_processor(model_dir)
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (112, 140, 3), dtype=np.uint8)) for _ in range(2)]
+    text = "".join(f"<|vision_start|><|image_pad|><|vision_end|> step {i}: move left" for i in range(2))
+    inputs = processor(text=[text], images=images, return_tensors="pt").to("cuda")
+    pixels = inputs["pixel_values"].to(torch.bfloat16)
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        model.zero_grad()
+        logits = model(
+            input_ids=inputs["input_ids"], pixel_values=pixels, image_grid_thw=inputs["image_grid_thw"]
+        ).logits
+        lp = torch.log_softmax(logits.float(), -1)[0, :-1].gather(1, inputs["input_ids"][0, 1:, None])[:, 0]
+        lp.sum().backward()
+        grads = torch.stack([p.grad.float().norm() for p in model.parameters() if p.grad is not None])
+        return lp.detach(), grads
+
+    fused_lp, fused_grads = run()
+    assert fused.compiled.cache_info().currsize == 4  # rms_norm, silu_mul, rotary, rotary_vision
+    fused.uninstall(model)
+    try:
+        eager_lp, eager_grads = run()
+    finally:
+        fused.install(model)
+    bound = bounds_for(torch.bfloat16).agreement
+    diff = (fused_lp - eager_lp).abs()
+    rel = ((fused_grads - eager_grads).abs() / eager_grads.clamp_min(1e-12)).max().item()
+    print(f"fused vs eager bf16: logprob max |Δ| {diff.max():.3g}, mean {diff.mean():.3g}; grad-norm max rel {rel:.3g}")
+    assert diff.mean() <= bound.mean_abs and diff.max() <= bound.max_abs
+    assert rel <= 0.05

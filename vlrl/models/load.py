@@ -23,20 +23,27 @@ def load_processor(path: str | os.PathLike):
     return processor
 
 
-def load_model(path: str | os.PathLike, dtype=None, device: str = "cpu", attention: str | None = None):
+def load_model(
+    path: str | os.PathLike, dtype=None, device: str = "cpu", attention: str | None = None, kernels: str = "fused"
+):
     """``AutoModelForImageTextToText`` for ``path`` in eval mode (fp32 unless ``dtype``).
 
     ``attention`` defaults to vlrl's own SDPA function (``vlrl.models.attention``: materialised kv
     heads, immune to the stride-0 kernel bug documented there); ``"sdpa"`` / ``"eager"`` for diagnosis.
+    ``kernels="fused"`` routes RMSNorm, SwiGLU and rotary through compiled kernels for half-precision CUDA inputs
+    (``vlrl.models.fused``; nothing changes on CPU or in fp32), ``"eager"`` keeps transformers' own.
     """
     import torch
     from transformers import AutoModelForImageTextToText
 
+    from vlrl.models import fused
     from vlrl.models.attention import ATTENTION, CHOICES, VISION
 
     attention = attention or ATTENTION
     if attention not in CHOICES:
         raise ValueError(f"attention must be one of {', '.join(CHOICES)}, got {attention!r}")
+    if kernels not in ("fused", "eager"):
+        raise ValueError(f"kernels must be fused or eager, got {kernels!r}")
     model = AutoModelForImageTextToText.from_pretrained(
         str(path), dtype=dtype or torch.float32, attn_implementation=attention
     )
@@ -44,5 +51,7 @@ def load_model(path: str | os.PathLike, dtype=None, device: str = "cpu", attenti
     if attention == ATTENTION and vision is not None:
         # Set after loading: a "flash" name given to from_pretrained would be checked for flash-attn itself.
         vision._attn_implementation = VISION  # all images in one call (vlrl.models.attention)
+    if kernels == "fused":
+        fused.install(model)
     # transformers' decorator on PreTrainedModel.to types it as taking the model as first argument
     return model.to(device).eval()  # type: ignore[arg-type]

@@ -27,6 +27,7 @@ Arch = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]  # = vlrl.models.archs.ARCH
 Size = Literal["tiny", "tiny_kv2", "2b"]  # = vlrl.models.archs.SIZES
 Dtype = Literal["float32", "bfloat16"]
 Attention = Literal["vlrl_sdpa", "sdpa", "eager"]  # = vlrl.models.attention.CHOICES
+Kernels = Literal["fused", "eager"]  # = vlrl.models.fused.Kernels
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
@@ -80,6 +81,9 @@ class ModelSection:
     attention: Attention = "vlrl_sdpa"
     """Attention of trainer and engine: vlrl_sdpa (SDPA with materialised kv heads, see
     vlrl.models.attention), sdpa (transformers' own, hit by a CUDA kernel bug; for diagnosis) or eager."""
+    kernels: Kernels = "fused"
+    """RMSNorm, SwiGLU and rotary of trainer and engine: fused (compiled kernels for bf16 on CUDA, see
+    vlrl.models.fused; CPU and fp32 unchanged) or eager (transformers' own, for diagnosis)."""
     lora: LoraSection | None = None
     """LoRA adapters, e.g. { rank = 8, alpha = 16, targets = ["q_proj", "v_proj"], vision = "frozen" }
     (override: model.lora.rank=8); only the adapters train and are checkpointed. None = full fine-tuning."""

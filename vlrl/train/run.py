@@ -88,7 +88,9 @@ class Run:
         # (vlrl.train.fsdp); a plain run keeps them in the optimizer (vlrl.train.master).
         masters = self.dist.sharded and cfg.optim.master_weights == "float32"
         dtype = torch.float32 if masters else self.dtype
-        model = load_model(self.model_dir, dtype=dtype, device=self.dist.device, attention=m.attention)
+        model = load_model(
+            self.model_dir, dtype=dtype, device=self.dist.device, attention=m.attention, kernels=m.kernels
+        )
         if masters:
             round_masters_(model, self.dtype)  # the plain run's starting masters (vlrl.train.master)
         self.spec = CollateSpec.from_model(model)
