@@ -4,8 +4,8 @@
 
 The batch is the bench's (vlrl.bench.training: the embedded engine's maze2d rollout, 8 episodes x 16 turns) and the
 step is the bench's (``Trainer.logprobs`` then ``Trainer.sft_step``, micro-batch 4). Variants, in one process on
-one model: ``fused`` (vlrl's defaults on CUDA: RMSNorm / SwiGLU / rotary compiled, ``vlrl.models.fused``, and the
-LM head of a half-precision model as one fp32-output GEMM), ``eager`` (transformers' own RMSNorm / SwiGLU / rotary)
+one model: ``fused`` (RMSNorm / SwiGLU / rotary compiled, ``model.kernels = "fused"``, ``vlrl.models.fused``),
+``eager`` (transformers' own: the default), both with the LM head of a half-precision model as one fp32-output GEMM,
 and ``upcast`` (eager, and the head's weight and hidden states cast to fp32 and multiplied there). Each: wall,
 device-busy seconds, top ops by host and device time (vlrl.bench.profiling), and the update's MFU by the bench's
 formula. The weights change with every update; the variants' timings do not depend on their values. The JSON is

@@ -60,8 +60,8 @@ def _logits(model, inputs) -> torch.Tensor:
 
 def test_install_routes_every_module_and_changes_nothing_off_the_gpu(vlrl_model_dir, monkeypatch):
     model_dir = vlrl_model_dir("qwen2_5_vl")
-    model = load_model(model_dir, dtype=torch.bfloat16)  # kernels="fused" is the default
-    eager = load_model(model_dir, dtype=torch.bfloat16, kernels="eager")
+    model = load_model(model_dir, dtype=torch.bfloat16, kernels="fused")
+    eager = load_model(model_dir, dtype=torch.bfloat16)  # kernels="eager" is the default
     assert not any(hasattr(m, fused.MARK) for m in eager.modules())
     patched = [type(m).__name__ for m in model.modules() if hasattr(m, fused.MARK)]
     text, vision = model.config.text_config, model.config.vision_config

@@ -150,7 +150,8 @@ def test_fused_kernels_compile_and_agree_with_transformers_in_bf16(vlrl_model_di
     from vlrl.models.load import load_model, load_processor
 
     model_dir = vlrl_model_dir("qwen2_5_vl")
-    model, processor = load_model(model_dir, dtype=torch.bfloat16, device="cuda"), load_processor(model_dir)
+    model = load_model(model_dir, dtype=torch.bfloat16, device="cuda", kernels="fused")
+    processor = load_processor(model_dir)
     rng = np.random.default_rng(0)
     images = [Image.fromarray(rng.integers(0, 256, (112, 140, 3), dtype=np.uint8)) for _ in range(2)]
     text = "".join(f"<|vision_start|><|image_pad|><|vision_end|> step {i}: move left" for i in range(2))

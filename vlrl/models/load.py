@@ -24,14 +24,15 @@ def load_processor(path: str | os.PathLike):
 
 
 def load_model(
-    path: str | os.PathLike, dtype=None, device: str = "cpu", attention: str | None = None, kernels: str = "fused"
+    path: str | os.PathLike, dtype=None, device: str = "cpu", attention: str | None = None, kernels: str = "eager"
 ):
     """``AutoModelForImageTextToText`` for ``path`` in eval mode (fp32 unless ``dtype``).
 
     ``attention`` defaults to vlrl's own SDPA function (``vlrl.models.attention``: materialised kv
     heads, immune to the stride-0 kernel bug documented there); ``"sdpa"`` / ``"eager"`` for diagnosis.
     ``kernels="fused"`` routes RMSNorm, SwiGLU and rotary through compiled kernels for half-precision CUDA inputs
-    (``vlrl.models.fused``; nothing changes on CPU or in fp32), ``"eager"`` keeps transformers' own.
+    (``vlrl.models.fused``, opt-in: see its measurements; nothing changes on CPU or in fp32); ``"eager"`` (the
+    default) keeps transformers' own.
     """
     import torch
     from transformers import AutoModelForImageTextToText

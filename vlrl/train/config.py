@@ -81,9 +81,10 @@ class ModelSection:
     attention: Attention = "vlrl_sdpa"
     """Attention of trainer and engine: vlrl_sdpa (SDPA with materialised kv heads, see
     vlrl.models.attention), sdpa (transformers' own, hit by a CUDA kernel bug; for diagnosis) or eager."""
-    kernels: Kernels = "fused"
-    """RMSNorm, SwiGLU and rotary of trainer and engine: fused (compiled kernels for bf16 on CUDA, see
-    vlrl.models.fused; CPU and fp32 unchanged) or eager (transformers' own, for diagnosis)."""
+    kernels: Kernels = "eager"
+    """RMSNorm, SwiGLU and rotary of trainer and engine: eager (transformers' own) or fused (compiled kernels for
+    bf16 on CUDA, vlrl.models.fused: fewer kernels and less memory in the update, slower decoding; CPU and fp32
+    unchanged)."""
     lora: LoraSection | None = None
     """LoRA adapters, e.g. { rank = 8, alpha = 16, targets = ["q_proj", "v_proj"], vision = "frozen" }
     (override: model.lora.rank=8); only the adapters train and are checkpointed. None = full fine-tuning."""
