@@ -30,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes", type=count(1), default=None, help="multi-turn: episodes at once (default 8)")
     parser.add_argument("--train-steps", type=count(1), default=None, help="timed train steps (default 3)")
     parser.add_argument("--micro-batch", type=count(1), default=None, help="train micro-batch rows (default 4)")
+    parser.add_argument(
+        "--kernels", default="eager", choices=("eager", "fused"), help="model.kernels (vlrl.models.fused)"
+    )
     parser.add_argument("--no-vllm", action="store_true", help="do not start vLLM (recorded as skipped)")
     parser.add_argument("--quick", action="store_true", help="tiny workloads, no vLLM: a smoke run in seconds")
     parser.add_argument("--out", default=None, help=f"JSON path (default {DEFAULT_OUT})")
@@ -67,7 +70,7 @@ def config_from(args: argparse.Namespace):
         "train_steps": args.train_steps,
         "micro_batch": args.micro_batch,
     }
-    fields = {"size": args.size, "arch": args.arch, "device": args.device, "dtype": args.dtype}
+    fields = {"size": args.size, "arch": args.arch, "device": args.device, "dtype": args.dtype, "kernels": args.kernels}
     fields.update({k: v for k, v in given.items() if v is not None})
     if args.no_vllm:
         fields["vllm"] = False

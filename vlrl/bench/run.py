@@ -41,6 +41,8 @@ class BenchConfig:
     vllm: bool = True
     """Measure vLLM where it can run (else recorded as skipped with the reason)."""
     arch: str = "qwen2_5_vl"
+    kernels: Literal["eager", "fused"] = "eager"
+    """RMSNorm / SwiGLU / rotary of the model every section runs (``model.kernels``, vlrl.models.fused)."""
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchConfig:
@@ -140,7 +142,7 @@ def load(config: BenchConfig):
     from vlrl.render.embedded import EmbeddedRenderer
 
     model_dir = cached_model_dir(config.arch, config.size)
-    model = load_model(model_dir, dtype=getattr(torch, config.dtype), device=config.device)
+    model = load_model(model_dir, dtype=getattr(torch, config.dtype), device=config.device, kernels=config.kernels)
     return model_dir, model, EmbeddedRenderer.from_pretrained(model_dir)
 
 
