@@ -97,3 +97,15 @@ def test_install_routes_every_module_and_changes_nothing_off_the_gpu(vlrl_model_
     fused.uninstall(model)
     assert torch.equal(_logits(model, inputs), reference) and calls == {}
     fused.install(model)  # the modeling module's rotary functions are process-wide: leave them as loaded
+
+
+def test_config_choice_is_the_modules():
+    from typing import get_args
+
+    from vlrl.errors import ConfigError
+    from vlrl.train.config import Kernels, load_config
+
+    assert get_args(Kernels) == get_args(fused.Kernels)
+    assert load_config("color_square", ["model.kernels=fused"]).model.kernels == "fused"
+    with pytest.raises(ConfigError, match="model.kernels"):
+        load_config("color_square", ["model.kernels=triton"])

@@ -7,12 +7,13 @@ through memory again and again, and as much host time launching them. Each funct
 math, compiled by ``torch.compile`` (inductor) into one kernel forward and one or two backward, so the tensors are
 read once; the matrix products and attention are untouched.
 
-Measured (H200, 2b, bf16, one process; benchmarks/results/train_profile/h200_d2de0f4.json and
-bench_h200_2b_d2de0f4.json): the update's kernels 0.646 → 0.527 s, its wall 0.831 → 0.740 s, peak memory 69 → 61
-GiB; logprobs of the bench batch vs eager: mean |Δ| 0.021, max 0.10 (bf16 rounding order). But each compiled call
-pays dynamo's cache lookup and guards on the host (~45 µs in the profile, 484 calls a forward), more than the few
-eager kernels it replaces when the tensors are small: the no-grad logprob pass went 0.226 → 0.294 s and decoding
-slowed by about a third (embedded engine at 256 sequences 6,296 → 4,662 tok/s, two leases). So it is opt-in
+Measured (H200, 2b, bf16): in one process (benchmarks/results/train_profile/h200_d2de0f4.json) the update's
+kernels 0.646 → 0.527 s and its wall 0.831 → 0.740 s; the bench batch's logprobs vs eager: mean |Δ| 0.021, max 0.10
+(bf16 rounding order). But each compiled call pays dynamo's cache lookup and guards on the host (~45 µs in the
+profile, 484 calls a forward), more than the few eager kernels it replaces when the tensors are small. ``vlrl bench``
+on one lease (bench_h200_2b_9a1f7f3_eager.json / _fused.json): decoding 47.9 / 337 / 2,552 / 6,892 → 37.3 / 302 /
+1,918 / 5,727 tok/s at 1 / 8 / 64 / 256 sequences, the train step's MFU 24.7 / 24.2 → 23.7 / 26.0 % (padded /
+packed), peak memory 69.2 → 61.4 GiB. Rollouts pay more than training gains, so it is opt-in
 (``model.kernels = "fused"``) until the compiled regions are larger than one function.
 
 Where: :func:`install` swaps the forward of a model *instance*'s RMSNorm and gated-MLP modules, and the rotary
