@@ -16,15 +16,19 @@ on one lease (bench_h200_2b_9a1f7f3_eager.json / _fused.json): decoding 47.9 / 3
 packed), peak memory 69.2 → 61.4 GiB. Rollouts pay more than training gains, so it is opt-in
 (``model.kernels = "fused"``) until the compiled regions are larger than one function.
 
-Where: :func:`install` swaps the forward of a model *instance*'s RMSNorm and gated-MLP modules, and the rotary
-functions of the modeling modules it knows (:data:`ROTARY`), for wrappers that take the fused path only for
+Where: :func:`install` swaps the forward of a model *instance*'s RMSNorm, gated-MLP and (Qwen2.5-VL) attention
+modules, named in :data:`NORMS`, :data:`MLPS` and :data:`ROTARY`, for wrappers that take the fused path only for
 half-precision CUDA inputs and call transformers' own code otherwise, so CPU and fp32 runs are unchanged bit for
-bit. The engine and the trainer share the instance, so rollout and training run the same kernels (inductor
-rounds bf16 intermediates differently from eager: one more reason both sides must).
+bit. Qwen2-VL and Qwen3-VL get fused norms and text MLPs only. The vLLM engine never runs these kernels: with it,
+``kernels = "fused"`` only adds fused-vs-eager rounding to the agreement it checks. The embedded engine's model is
+the trainer's instance (bench) or a deepcopy of it (``vlrl train``; a deepcopy rebinds the patched forwards to the
+copy), so rollout and training run the same kernels (inductor rounds bf16 intermediates differently from eager: one
+more reason both sides must).
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib
 import types
@@ -39,11 +43,21 @@ Kernels = Literal["fused", "eager"]
 MARK = "_vlrl_fused"
 """Attribute set on every wrapper :func:`install` makes (idempotence, and :func:`uninstall`)."""
 
+NORMS = {"Qwen2_5_VLRMSNorm", "Qwen2VLRMSNorm", "Qwen3VLTextRMSNorm"}
+"""RMSNorm classes whose forward is :func:`rms_norm` (Qwen3-VL's text norms, q_norm / k_norm included)."""
+MLPS = {"Qwen2MLP", "Qwen2_5_VLMLP", "Qwen3VLTextMLP"}
+"""Gated MLP classes whose forward is ``down_proj(silu(gate_proj(x)) * up_proj(x))`` (Qwen2.5-VL's vision MLP too)."""
 ROTARY = {
     "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl": ("apply_rotary_pos_emb", "apply_rotary_pos_emb_vision"),
 }
-"""Modeling modules whose rotary functions are transformers' plain rotate-half math (tests/models/test_fused.py
-checks each against the original, bit for bit, on CPU)."""
+"""Modeling modules whose rotary functions are transformers' plain rotate-half math; their ``*Attention`` modules
+get the fused rotary. Qwen2-VL and Qwen3-VL keep theirs, and their vision towers (LayerNorm, GELU MLPs) are
+untouched. tests/foundation/test_fused.py checks every class and function here against transformers', bit for bit,
+on CPU, and which modules each architecture routes."""
+
+_ACTIVE: contextvars.ContextVar[bool] = contextvars.ContextVar("vlrl_fused_rotary", default=False)
+"""Set while an installed attention module runs: the rotary functions are module globals of transformers, shared by
+every model in the process, so the (process-wide) wrapper fuses only inside an installed model's attention."""
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -113,20 +127,18 @@ def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     return type(self).forward(self, x)
 
 
-def _is_norm(module: torch.nn.Module) -> bool:
-    return type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon")
-
-
-def _is_swiglu(module: torch.nn.Module) -> bool:
-    names = ("gate_proj", "up_proj", "down_proj")
-    act = getattr(module, "act_fn", None)
-    return all(hasattr(module, n) for n in names) and type(act).__name__ in ("SiLU", "SiLUActivation")
+def _attention_forward(self, *args, **kwargs):
+    token = _ACTIVE.set(True)
+    try:
+        return type(self).forward(self, *args, **kwargs)
+    finally:
+        _ACTIVE.reset(token)
 
 
 def _rotary_wrapper(original: Callable, fused: Callable) -> Callable:
     @functools.wraps(original)
     def wrapper(q, k, cos, sin, *args, **kwargs):
-        if not args and not kwargs and eligible(q):
+        if _ACTIVE.get() and not args and not kwargs and eligible(q):
             return compiled(fused)(q, k, cos, sin)
         return original(q, k, cos, sin, *args, **kwargs)
 
@@ -134,38 +146,46 @@ def _rotary_wrapper(original: Callable, fused: Callable) -> Callable:
     return wrapper
 
 
+def _patch_for(module: torch.nn.Module) -> Callable | None:
+    cls = type(module)
+    if cls.__name__ in NORMS:
+        return _norm_forward
+    if cls.__name__ in MLPS:
+        return _mlp_forward
+    if cls.__module__ in ROTARY and cls.__name__.endswith("Attention"):
+        return _attention_forward
+    return None
+
+
 def install(model: torch.nn.Module) -> int:
-    """Route ``model``'s RMSNorms, SwiGLU MLPs and (process-wide, per :data:`ROTARY`) rotary functions through the
-    fused kernels for half-precision CUDA inputs; returns how many modules changed. Idempotent."""
+    """Route ``model``'s RMSNorms, gated MLPs and rotary embeddings (:data:`NORMS`, :data:`MLPS`, :data:`ROTARY`)
+    through the fused kernels for half-precision CUDA inputs; returns how many modules changed. Idempotent; other
+    models in the process are unaffected (the rotary wrappers pass through outside an installed attention)."""
     count = 0
     for module in model.modules():
-        patch = _norm_forward if _is_norm(module) else _mlp_forward if _is_swiglu(module) else None
+        patch = _patch_for(module)
         if patch is not None and not hasattr(module, MARK):
             module.forward = types.MethodType(patch, module)  # an instance attribute: shadows the class's forward
             setattr(module, MARK, True)
             count += 1
-    fused = {"apply_rotary_pos_emb": rotary, "apply_rotary_pos_emb_vision": rotary_vision}
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    for name, functions in ROTARY.items():
-        if name.rsplit(".", 1)[-1] != f"modeling_{model_type}":
-            continue
-        modeling = importlib.import_module(name)
-        for fn in functions:
-            original = getattr(modeling, fn)
-            if not hasattr(original, MARK):
-                setattr(modeling, fn, _rotary_wrapper(original, fused[fn]))
+            if patch is _attention_forward:
+                _wrap_rotary(type(module).__module__)
     return count
 
 
+def _wrap_rotary(name: str) -> None:
+    fused = {"apply_rotary_pos_emb": rotary, "apply_rotary_pos_emb_vision": rotary_vision}
+    modeling = importlib.import_module(name)
+    for fn in ROTARY[name]:
+        original = getattr(modeling, fn)
+        if not hasattr(original, MARK):
+            setattr(modeling, fn, _rotary_wrapper(original, fused[fn]))
+
+
 def uninstall(model: torch.nn.Module) -> None:
-    """Undo :func:`install` on ``model`` and on the modeling modules (for diagnosis and the profile's variants)."""
+    """Undo :func:`install` on ``model`` (for diagnosis and the profile's variants). The rotary wrappers stay: they
+    pass through for any model without installed attention."""
     for module in model.modules():
         if hasattr(module, MARK):
             del module.forward
             delattr(module, MARK)
-    for name, functions in ROTARY.items():
-        modeling = importlib.import_module(name)
-        for fn in functions:
-            original = getattr(getattr(modeling, fn), MARK, None)
-            if original is not None:
-                setattr(modeling, fn, original)

@@ -58,10 +58,6 @@ class WeightSyncError(RuntimeError):
     """The engine does not serve the trainer's weights after a sync."""
 
 
-def _dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
-
-
 class Run:
     renderer: Any  # rank 0's renderer and engine (embedded or vLLM); None on other ranks
     engine: Any
@@ -83,14 +79,12 @@ class Run:
             # or rollout and trainer logprobs drift apart with the batch shape.
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
-        self.dtype = _dtype(m.dtype)
+        self.dtype = getattr(torch, m.dtype)  # config.Dtype: float32 or bfloat16
         # Sharded bf16 runs keep fp32 parameters as the master weights and compute in model.dtype
         # (vlrl.train.fsdp); a plain run keeps them in the optimizer (vlrl.train.master).
         masters = self.dist.sharded and cfg.optim.master_weights == "float32"
         dtype = torch.float32 if masters else self.dtype
-        model = load_model(
-            self.model_dir, dtype=dtype, device=self.dist.device, attention=m.attention, kernels=m.kernels
-        )
+        model = load_model(self.model_dir, dtype, self.dist.device, attention=m.attention, kernels=m.kernels)
         if masters:
             round_masters_(model, self.dtype)  # the plain run's starting masters (vlrl.train.master)
         self.spec = CollateSpec.from_model(model)
