@@ -15,8 +15,10 @@ written after each variant, so a run cut short keeps what it measured.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,22 +87,30 @@ def setup(args: argparse.Namespace) -> tuple[Any, Any, dict]:
     )
 
 
-def profile_variant(variant: str, trainer, batch, device: str) -> dict:
-    """The logprob pass and the update under the profiler, with the kernels and LM head ``variant`` says."""
-    from vlrl.bench.profiling import profiled
+@contextlib.contextmanager
+def applied(variant: str, model) -> Iterator[None]:
+    """``model`` with the kernels and LM head ``variant`` says, the head restored after."""
     from vlrl.engines import sampling
     from vlrl.models import fused
 
     half = sampling.HALF
     sampling.HALF = () if variant == "upcast" else half  # fp32_head reads it at every call
-    (fused.install if variant == "fused" else fused.uninstall)(trainer.model)
+    (fused.install if variant == "fused" else fused.uninstall)(model)
     try:
+        yield
+    finally:
+        sampling.HALF = half
+
+
+def profile_variant(variant: str, trainer, batch, device: str) -> dict:
+    """The logprob pass and the update under the profiler, with the kernels and LM head ``variant`` says."""
+    from vlrl.bench.profiling import profiled
+
+    with applied(variant, trainer.model):
         return {
             "logprobs": profiled(lambda: trainer.logprobs(batch), device),
             "update": profiled(lambda: trainer.sft_step(batch), device),
         }
-    finally:
-        sampling.HALF = half
 
 
 def agreement(variants: list[str], trainer, batch) -> dict:
@@ -108,17 +118,11 @@ def agreement(variants: list[str], trainer, batch) -> dict:
     ``{variant: {max_abs, mean_abs}}`` (fp32 nats)."""
     import torch
 
-    from vlrl.engines import sampling
-    from vlrl.models import fused
-
-    half, lps = sampling.HALF, {}
+    lps = {}
     for variant in variants:
-        sampling.HALF = () if variant == "upcast" else half
-        (fused.install if variant == "fused" else fused.uninstall)(trainer.model)
-        with torch.no_grad():
+        with applied(variant, trainer.model), torch.no_grad():
             out = trainer.logprobs(batch)
         lps[variant] = out.logprobs[out.computed]
-    sampling.HALF = half
     first = lps[variants[0]]
     return {
         v: {"max_abs": float((x - first).abs().max()), "mean_abs": float((x - first).abs().mean())}

@@ -112,9 +112,11 @@ def test_install_routes_every_module_and_changes_nothing_off_the_gpu(arch, vlrl_
     assert torch.equal(_logits(model, inputs), reference) and calls == {}
 
 
-def test_config_choice_is_the_modules():
+def test_config_choice_is_the_modules(vlrl_model_dir):
+    import argparse
     from typing import get_args
 
+    from vlrl.bench.cli import add_arguments, config_from
     from vlrl.errors import ConfigError
     from vlrl.train.config import Kernels, load_config
 
@@ -122,3 +124,9 @@ def test_config_choice_is_the_modules():
     assert load_config("color_square", ["model.kernels=fused"]).model.kernels == "fused"
     with pytest.raises(ConfigError, match="model.kernels"):
         load_config("color_square", ["model.kernels=triton"])
+    with pytest.raises(ValueError, match="kernels must be one of fused, eager, got 'triton'"):
+        load_model(vlrl_model_dir("qwen2_5_vl"), kernels="triton")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert config_from(parser.parse_args(["--kernels", "fused"])).kernels == "fused"
+    assert config_from(parser.parse_args([])).kernels == "eager"

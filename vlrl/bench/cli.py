@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import get_args
 
 from vlrl.cli import count
+from vlrl.train.config import Kernels
 
 DEFAULT_OUT = "benchmarks/results/bench_{device}_{size}.json"
 
@@ -31,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train-steps", type=count(1), default=None, help="timed train steps (default 3)")
     parser.add_argument("--micro-batch", type=count(1), default=None, help="train micro-batch rows (default 4)")
     parser.add_argument(
-        "--kernels", default="eager", choices=("eager", "fused"), help="model.kernels (vlrl.models.fused)"
+        "--kernels", default="eager", choices=get_args(Kernels), help="model.kernels (vlrl.models.fused)"
     )
     parser.add_argument("--no-vllm", action="store_true", help="do not start vLLM (recorded as skipped)")
     parser.add_argument("--quick", action="store_true", help="tiny workloads, no vLLM: a smoke run in seconds")

@@ -13,11 +13,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from vlrl.bench import env
-
-Dtype = Literal["float32", "bfloat16"]
+from vlrl.train.config import Dtype, Kernels
 
 
 @dataclass(frozen=True)
@@ -41,7 +40,7 @@ class BenchConfig:
     vllm: bool = True
     """Measure vLLM where it can run (else recorded as skipped with the reason)."""
     arch: str = "qwen2_5_vl"
-    kernels: Literal["eager", "fused"] = "eager"
+    kernels: Kernels = "eager"
     """RMSNorm / SwiGLU / rotary of the model every section runs (``model.kernels``, vlrl.models.fused)."""
 
     @classmethod

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from vlrl.engines.types import SamplingParams
+from vlrl.models import fused
 
 
 def effective_temperature(temperature: float) -> float:
@@ -27,8 +28,8 @@ def request_generator(params: SamplingParams, device) -> torch.Generator | None:
     return gen
 
 
-HALF: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
-"""Model dtypes whose LM head runs as one fp32-output GEMM on CUDA (:func:`fp32_head`)."""
+HALF = fused.HALF
+"""Model dtypes whose LM head runs as one fp32-output GEMM on CUDA (:func:`fp32_head`; a profile may rebind it)."""
 
 
 def fp32_logits(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:

@@ -94,7 +94,9 @@ def rotary_vision(
     return (q * cos + _rotate_half(q) * sin).to(dq), (k * cos + _rotate_half(k) * sin).to(dk)
 
 
-HALF = (torch.bfloat16, torch.float16)
+HALF: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
+"""Half-precision model dtypes: on CUDA they take the fused kernels here and the fp32-output LM head
+(``vlrl.engines.sampling.fp32_head``, which reads its own binding of this tuple)."""
 
 
 def eligible(x: torch.Tensor) -> bool:

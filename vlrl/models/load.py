@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import get_args
 
 # vLLM normalises and resizes with torchvision; transformers' PIL backend resizes differently
 # (up to ~7e-4 in logprobs on resized images), so vlrl always uses the torchvision backend.
@@ -43,8 +44,8 @@ def load_model(
     attention = attention or ATTENTION
     if attention not in CHOICES:
         raise ValueError(f"attention must be one of {', '.join(CHOICES)}, got {attention!r}")
-    if kernels not in ("fused", "eager"):
-        raise ValueError(f"kernels must be fused or eager, got {kernels!r}")
+    if kernels not in get_args(fused.Kernels):
+        raise ValueError(f"kernels must be one of {', '.join(get_args(fused.Kernels))}, got {kernels!r}")
     model = AutoModelForImageTextToText.from_pretrained(
         str(path), dtype=dtype or torch.float32, attn_implementation=attention
     )
