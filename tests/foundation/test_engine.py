@@ -98,6 +98,41 @@ def test_seed_reproducible_whatever_the_batch(tiny):
     assert other.token_ids != alone.token_ids
 
 
+def test_pipelined_decoding_takes_the_step_by_step_tokens_and_logprobs(tiny):
+    """``pipelined`` (the CUDA default) queues each step's next forward before the host reads the step's tokens,
+    so a finished row is fed one more token; on a CPU both orders run: every row, however it stops (eos, a stop
+    id, a stop string cut, its length, greedy or sampled, with top logprobs), must come out the same."""
+    from vlrl.engines.embedded import EmbeddedEngine
+
+    b = tiny("qwen2_5_vl")
+    ps = prompts(b.renderer)
+    _, full = _first_generation(b)
+    stop = b.tokenizer.decode(full.token_ids[4:6], skip_special_tokens=True)[-2:]
+    params = [
+        SamplingParams(temperature=1.0, max_tokens=40, seed=11, ignore_eos=True, stop=(stop,)),
+        SamplingParams(temperature=1.0, max_tokens=3, seed=5, logprobs_topk=4),
+        SamplingParams(temperature=0.0, max_tokens=9, stop_token_ids=(full.token_ids[7],)),
+        SamplingParams(temperature=0.7, max_tokens=12, seed=6, top_k=20),
+        SamplingParams(temperature=1.0, max_tokens=40, seed=11, ignore_eos=True, stop_token_ids=(full.token_ids[7],)),
+    ]
+    batch = [ps["single"], ps["multi"], ps["single"], ps["multi"], ps["single"]]
+    runs = {
+        ahead: EmbeddedEngine(b.model, b.tokenizer, pipelined=ahead).generate(batch, params) for ahead in (False, True)
+    }
+    reasons = set()
+    for step, ahead in zip(runs[False], runs[True], strict=True):
+        assert (ahead.token_ids, ahead.text, ahead.finish_reason, ahead.stop_reason) == (
+            step.token_ids,
+            step.text,
+            step.finish_reason,
+            step.stop_reason,
+        )
+        np.testing.assert_allclose(ahead.logprobs, step.logprobs, atol=1e-5)
+        assert [[t for t, _ in top] for top in ahead.top_logprobs] == [[t for t, _ in top] for top in step.top_logprobs]
+        reasons.add((step.finish_reason, type(step.stop_reason).__name__))
+    assert {("stop", "str"), ("stop", "int"), ("length", "NoneType")} <= reasons, reasons
+
+
 def test_top_k_one_is_greedy(tiny):
     b = tiny("qwen3_vl")
     p = prompts(b.renderer)["multi"]

@@ -48,10 +48,15 @@ def rollout(bundle, engine):
     return RolloutGenerator(bundle.renderer, engine, cfg).run(rows)
 
 
-@pytest.mark.parametrize("arch_name", ["qwen2_5_vl", "qwen3_vl"])  # qwen3_vl: deepstack features reused too
-def test_reused_turns_sample_fresh_forward_logprobs_and_encode_each_image_once(tiny, probe_env, monkeypatch, arch_name):
+@pytest.mark.parametrize(
+    ("arch_name", "pipelined"),  # qwen3_vl: deepstack features reused too; pipelined: the CUDA decode order
+    [("qwen2_5_vl", False), ("qwen3_vl", False), ("qwen2_5_vl", True)],
+)
+def test_reused_turns_sample_fresh_forward_logprobs_and_encode_each_image_once(
+    tiny, probe_env, monkeypatch, arch_name, pipelined
+):
     b = tiny(arch_name)
-    engine = RecordingEngine(b.model, b.tokenizer)
+    engine = RecordingEngine(b.model, b.tokenizer, pipelined=pipelined)
     encoded = count_encoded_images(monkeypatch, b.model)
     trajs = rollout(b, engine)
     assert all(t.error is None for t in trajs) and max(len(t.turns) for t in trajs) == 4
@@ -96,6 +101,36 @@ def test_cached_path_equals_the_uncached_engine_and_weight_changes_clear_it(tiny
         with torch.no_grad():
             dict(model.named_parameters())[emb].copy_(original[emb])
             head.copy_(original["head"])
+
+
+def test_a_row_that_ends_first_in_a_pipelined_batch_is_reused_at_its_own_columns(tiny):
+    """Pipelined decoding feeds a row that finishes while others go on its last token too, so the cache holds one
+    more of its columns than a step-by-step decode leaves: the row's prefix entry must take them with their tokens
+    (a next turn built on it samples the uncached engine's tokens and logprobs)."""
+    import numpy as np
+
+    from vlrl.messages import image_part
+
+    b = tiny("qwen2_5_vl")
+    engine = EmbeddedEngine(b.model, b.tokenizer, pipelined=True)
+    uncached = EmbeddedEngine(b.model, b.tokenizer, image_cache_bytes=0, prefix_cache_bytes=0)
+    image = np.random.default_rng(4).integers(0, 256, size=(168, 224, 3), dtype=np.uint8)  # > a BLOCK of tokens
+    first = [{"role": "user", "content": [image_part(image), {"type": "text", "text": "What is it?"}]}]
+    other = [{"role": "user", "content": [{"type": "text", "text": "A longer reply, please."}]}]
+    short, long = engine.generate(
+        [b.renderer.render(first), b.renderer.render(other)],
+        [SamplingParams(max_tokens=3, seed=1, ignore_eos=True), SamplingParams(max_tokens=9, seed=2, ignore_eos=True)],
+    )
+    assert len(short.token_ids) == 3 and len(long.token_ids) == 9  # the short row ended while the long went on
+    follow = b.renderer.render(
+        first + [{"role": "assistant", "content": short.text}, {"role": "user", "content": "So?"}]
+    )
+    before = engine.stats["reused_columns"]
+    params = SamplingParams(temperature=1.0, max_tokens=6, seed=3, ignore_eos=True)
+    got, ref = engine.generate([follow], params)[0], uncached.generate([follow], params)[0]
+    assert engine.stats["reused_columns"] > before
+    assert got.token_ids == ref.token_ids
+    assert max(abs(p - q) for p, q in zip(got.logprobs, ref.logprobs)) <= FP32_BOUND
 
 
 @pytest.mark.parametrize("stack_bytes", [1, 1 << 30])

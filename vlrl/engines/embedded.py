@@ -36,7 +36,9 @@ from vlrl.engines.sampling import (
     raise_if_unsampled,
     request_generator,
     sample_tokens,
-    top_logprobs,
+    to_host,
+    top_k,
+    top_pairs,
 )
 from vlrl.engines.types import Engine, FinishReason, Generation, NamedTensors, SamplingParams
 from vlrl.errors import ContextOverflowError
@@ -82,14 +84,17 @@ class EmbeddedEngine:
         prefix_cache_bytes: int = 1 << 30,
         gather_s: float = 0.03,
         gather_cap_s: float = 0.25,
+        pipelined: bool | None = None,
     ):
         """``gather_s``: how long a batch that is not full waits for one more request before it starts (each
         arrival waits again), at most ``gather_cap_s`` in all (see :meth:`_next_batch`); 0 starts at once. 30 ms
-        because 10 ms let the turns split again on a slowed H100 host (``benchmarks/results/engine_gather/``)."""
+        because 10 ms let the turns split again on a slowed H100 host (``benchmarks/results/engine_gather/``).
+        ``pipelined``: decode steps queued ahead of the host's reads (:meth:`_decode`); None: on CUDA only (a CPU
+        computes as it is asked, so there it would only add a forward at a batch's last step)."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch = max_batch
-        self.gather_s, self.gather_cap_s = gather_s, gather_cap_s
+        self.gather_s, self.gather_cap_s, self.pipelined = gather_s, gather_cap_s, pipelined
         self.max_context = max_context or int(model.config.text_config.max_position_embeddings)
         gen_eos = getattr(model.generation_config, "eos_token_id", None)
         eos = gen_eos if gen_eos is not None else tokenizer.eos_token_id
@@ -118,8 +123,6 @@ class EmbeddedEngine:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
-
-    # ------------------------------------------------------------------ requests
 
     def submit(self, prompt: RenderedPrompt, params: SamplingParams) -> Future:
         """Queue one request; the future resolves to a :class:`Generation` (or the error).
@@ -171,13 +174,11 @@ class EmbeddedEngine:
         first that does not fit opens the next batch); requests whose future was cancelled meanwhile are
         dropped here (never decoded, never poisoning a batch).
 
-        A batch opened by a ``submit`` that is not full waits ``gather_s`` for the next unit after each
-        arrival, ``gather_cap_s`` at most (a ``generate`` call's batch starts at once): concurrent episodes
-        render their turns on the renderer's threads and queue them a few ms apart, and without the wait the
-        first request of a turn started a batch of its own, the others waiting for it to finish (8 maze
-        episodes: batches of 1 then 7 every turn; on an H100 a 16-turn rollout took 47.3 s so, 20.1 s with the
-        wait, ``benchmarks/engine_gather.py``). Batch composition changes no logprob (batch invariance) and no
-        sampled token (each request draws from its own generator)."""
+        A ``submit``'s batch that is not full waits ``gather_s`` for the next unit after each arrival,
+        ``gather_cap_s`` at most (a ``generate`` call's starts at once): concurrent episodes queue their turns a
+        few ms apart, and without the wait a turn's first request ran alone (8 maze episodes on an H100: 47.3 s
+        a 16-turn rollout, 20.1 s with it; ``benchmarks/engine_gather.py``). Batch composition changes no
+        logprob (batch invariance) and no token (each request draws from its own generator)."""
         units = [self._held if self._held is not None else self._queue.get()]
         self._held = None
         size = len(units[0])
@@ -217,7 +218,11 @@ class EmbeddedEngine:
         """Run ``requests`` to completion as one batch: a left-padded prefill (from the cached prefix on), then
         one token per step with a KV cache; finished rows leave the batch and the cache (their keys / values
         stay in the prefix cache). Logits come from the decoder's last hidden state through the LM head in
-        fp32 (``fp32_logits``, as the trainer)."""
+        fp32 (``fp32_logits``, as the trainer).
+
+        ``pipelined`` (CUDA by default): a step's next forward is queued before the host reads the step's tokens
+        (``to_host`` waits for their copies only), so the host's stop checks run while the device computes. A row
+        the step finishes was fed its last token too: that output is dropped with the row; no token changes."""
         model, device = self.model, self.device
         self._check_weights()
         inputs = self._prefill_inputs(requests)
@@ -227,47 +232,48 @@ class EmbeddedEngine:
         cache, start = self._cached_prefix(requests, attn.shape[1])
         embeds, extra = self._new_embeddings(requests, inputs["input_ids"], start)
         head = fp32_head(model.get_output_embeddings())  # cast once per batch, not once per step
-        hidden = model.model.language_model(
-            inputs_embeds=embeds,
-            attention_mask=attn,
-            position_ids=positions[:, :, start:],
-            past_key_values=cache,
-            use_cache=True,
-            **extra,
-        ).last_hidden_state
-        logits = head(hidden[:, -1])
+        pre = dict(attention_mask=attn, position_ids=positions[:, :, start:], past_key_values=cache, use_cache=True)
+        logits = head(model.model.language_model(inputs_embeds=embeds, **pre, **extra).last_hidden_state[:, -1])
         active = list(range(len(requests)))  # request index of each batch row
         gens = [request_generator(r.params, device) for r in requests]
         # On the device once: a CPU tensor moved in the loop is a pageable copy, which syncs the stream each step.
         temps = torch.tensor([effective_temperature(r.params.temperature) for r in requests], device=device)
         banned = self.banned_ids.to(device)
+        ahead = self.pipelined if self.pipelined is not None else device.type == "cuda"
         while True:
             rows = [requests[i] for i in active]
-            # Everything this step computes is queued before the host reads any of it (one wait per step).
+            ks = [r.params.logprobs_topk for r in rows]
             tokens = sample_tokens(logits, [r.params for r in rows], banned, [gens[i] for i in active], check=False)
             contract = contract_logprobs(logits, temps, banned)
             lps = contract.gather(1, tokens.clamp(min=0)[:, None])[:, 0]
-            tops = top_logprobs(contract, [r.params.logprobs_topk for r in rows])
-            picked = tokens.tolist()
+            read = to_host(tokens, lps, *(top_k(contract, ks) or ()))
+            fed = ahead and any(len(r.ids) + 1 < r.max_new for r in rows)  # else every row ends at this token
+            if fed:  # an unsampled row (-1) raises below, after this forward
+                logits, attn, next_pos = self._forward_step(tokens.clamp(min=0), attn, next_pos, cache, head)
+            picked, lp_list, *top = read()
             raise_if_unsampled(picked, range(len(picked)))
-            stepped = zip(active, picked, lps.tolist(), tops)
-            on = [self._step(requests[i], t, lp, top) for i, t, lp, top in stepped]
+            tops = top_pairs((top[0], top[1]) if top else None, ks)
+            on = [self._step(requests[i], *step) for i, step in zip(active, zip(picked, lp_list, tops, strict=True))]
             keep = [row for row, going in enumerate(on) if going]
-            self._remember([(requests[active[row]], row) for row, going in enumerate(on) if not going], cache)
+            self._remember([(requests[active[row]], row) for row, going in enumerate(on) if not going], cache, fed)
             if not keep:
                 return
             if len(keep) < len(active):  # drop finished rows from the batch and the cache
                 idx = torch.tensor(keep, device=device)
                 cache.batch_select_indices(idx)
-                tokens, attn, next_pos, temps = tokens[idx], attn[idx], next_pos[idx], temps[idx]
+                tokens, logits, attn, next_pos, temps = tokens[idx], logits[idx], attn[idx], next_pos[idx], temps[idx]
                 active = [active[k] for k in keep]
-            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-            pos = next_pos.view(1, -1, 1).expand(3, -1, 1)
-            hidden = model.model(
-                input_ids=tokens[:, None], attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True
-            ).last_hidden_state
-            logits = head(hidden[:, -1])
-            next_pos = next_pos + 1
+            if not fed:
+                logits, attn, next_pos = self._forward_step(tokens, attn, next_pos, cache, head)
+
+    def _forward_step(self, tokens: torch.Tensor, attn: torch.Tensor, next_pos: torch.Tensor, cache, head):
+        """Feed ``tokens`` ``[B]`` -> next logits ``[B, V]`` fp32, mask ``[B, W + 1]``, next positions ``[B]``."""
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+        pos = next_pos.view(1, -1, 1).expand(3, -1, 1)
+        hidden = self.model.model(
+            input_ids=tokens[:, None], attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True
+        ).last_hidden_state
+        return head(hidden[:, -1]), attn, next_pos + 1
 
     def _prefill_inputs(self, requests: list[_Request]) -> dict:
         """Left-padded ``input_ids`` / ``attention_mask`` ``[B, L]`` and the batch's ``image_grid_thw``."""
@@ -279,11 +285,8 @@ class EmbeddedEngine:
             ids[b, width - n :] = torch.tensor(r.prompt.token_ids, dtype=torch.long)
             mask[b, width - n :] = 1
         grids = [r.prompt.vision()[1] for r in requests if r.prompt.n_images]
-        return {
-            "input_ids": ids.to(self.device),
-            "attention_mask": mask.to(self.device),
-            "image_grid_thw": torch.cat(grids).to(self.device) if grids else None,
-        }
+        thw = torch.cat(grids).to(self.device) if grids else None
+        return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device), "image_grid_thw": thw}
 
     # ------------------------------------------------------------------ reuse (vlrl.engines.reuse)
 
@@ -313,11 +316,12 @@ class EmbeddedEngine:
         self.stats["images_encoded"] += self._vision.encoded - before
         return out
 
-    def _remember(self, finished: list[tuple[_Request, int]], cache) -> None:
+    def _remember(self, finished: list[tuple[_Request, int]], cache, fed: bool) -> None:
         """Keep finished rows' keys / values (each prompt and every generated token fed back) in the prefix cache;
-        ``finished``: (request, batch row) pairs."""
+        ``finished``: (request, batch row) pairs; ``fed``: whether the last sampled token was fed (see _decode)."""
         if self._prefix.enabled and finished:
-            for entry in reuse.prefix_entries([(r.prompt, r.sampled[:-1], row) for r, row in finished], cache):
+            last = None if fed else -1
+            for entry in reuse.prefix_entries([(r.prompt, r.sampled[:last], row) for r, row in finished], cache):
                 self._prefix.add(entry)
 
     def _step(self, r: _Request, token: int, logprob: float, top: tuple) -> bool:
