@@ -89,3 +89,53 @@ def test_fp32_out_head_matches_the_upcast_head_and_its_gradients():
         want = exact[name]
         # one bf16 rounding (unit roundoff 2^-8) of an fp32 sum; fp32's own error is far below it
         assert ((got.double() - want).abs() <= 2**-8 * want.abs() + 1e-5).all(), name
+
+
+def test_row_noise_gives_a_request_its_own_draws_whatever_its_batch():
+    """``RowNoise`` (the engine's draws on CUDA, ``DRAW`` steps at a time): a request's draws at each step are the
+    same alone, in a batch, and after the rows beside it left, across refills."""
+    from vlrl.engines.sampling import DRAW, RowNoise
+
+    steps = 2 * DRAW + 1
+
+    def gens(seeds):
+        return [torch.Generator().manual_seed(s) for s in seeds]
+
+    alone = RowNoise(gens([7]), V, "cpu")
+    want = [alone.take([0]).clone() for _ in range(steps)]
+    batch = RowNoise(gens([5, 7, 9]), V, "cpu")
+    for step in range(steps):
+        rows = [0, 1, 2] if step < DRAW + 1 else [1]  # the others finish mid-way through a refill's draws
+        got = batch.take(rows)
+        assert torch.equal(got[rows.index(1)], want[step][0]), step
+    assert not torch.equal(want[0], want[1]) and bool((torch.stack(want) > 0).all())
+
+
+def test_sampling_with_row_noise_keeps_each_requests_tokens_and_the_softmax_frequencies():
+    from vlrl.engines.sampling import RowNoise
+
+    logits, params = batch()
+
+    def run(rows):
+        ps = [params[b] for b in rows]
+        noise = RowNoise(generators(ps), V, "cpu")
+        return [
+            sample_tokens(logits[rows], ps, BANNED, [None] * len(ps), noise=noise.of(range(len(ps)))) for _ in range(9)
+        ]
+
+    together = torch.stack(run(list(range(len(params)))))
+    for b in range(len(params)):
+        assert torch.stack(run([b]))[:, 0].tolist() == together[:, b].tolist(), b
+    # the draws are Exp(1): argmax(p / q) picks token i with probability p_i (4 tokens, 4,000 draws)
+    small = torch.tensor([[0.0, 1.0, 2.0, -1.0]])
+    noise = RowNoise([torch.Generator().manual_seed(3)], 4, "cpu")
+    picks = torch.stack(
+        [
+            sample_tokens(
+                small, [SamplingParams(seed=3)], torch.tensor([], dtype=torch.long), [None], noise=noise.of([0])
+            )
+            for _ in range(4000)
+        ]
+    )
+    freq = torch.bincount(picks.flatten(), minlength=4).float() / 4000
+    assert (freq - torch.softmax(small[0], -1)).abs().max() < 0.03, freq
