@@ -30,7 +30,6 @@ import torch
 
 from vlrl.engines import reuse
 from vlrl.engines.sampling import (
-    RowNoise,
     contract_logprobs,
     effective_temperature,
     fp32_head,
@@ -219,10 +218,11 @@ class EmbeddedEngine:
         """Run ``requests`` to completion as one batch: a left-padded prefill (from the cached prefix on), then
         one token per step with a KV cache; finished rows leave the batch and the cache (their keys / values
         stay in the prefix cache). Logits come from the decoder's last hidden state through the LM head in
-        fp32 (``fp32_logits``, as the trainer). ``pipelined`` (CUDA by default): a step's next forward is queued
-        before the host reads the step's tokens (``to_host`` waits for their copies only), so the host's stop checks
-        run while the device computes; a finishing row was fed its last token too, dropped with it. On CUDA each
-        request's race draws come ``DRAW`` steps at a time (``RowNoise``)."""
+        fp32 (``fp32_logits``, as the trainer).
+
+        ``pipelined`` (CUDA by default): a step's next forward is queued before the host reads the step's tokens
+        (``to_host`` waits for their copies only), so the host's stop checks run while the device computes. A row
+        the step finishes was fed its last token too: that output is dropped with the row; no token changes."""
         model, device = self.model, self.device
         self._check_weights()
         inputs = self._prefill_inputs(requests)
@@ -236,7 +236,6 @@ class EmbeddedEngine:
         logits = head(model.model.language_model(inputs_embeds=embeds, **pre, **extra).last_hidden_state[:, -1])
         active = list(range(len(requests)))  # request index of each batch row
         gens = [request_generator(r.params, device) for r in requests]
-        draws = RowNoise(gens, logits.shape[-1], device) if device.type == "cuda" else None  # CPU: a draw a step
         # On the device once: a CPU tensor moved in the loop is a pageable copy, which syncs the stream each step.
         temps = torch.tensor([effective_temperature(r.params.temperature) for r in requests], device=device)
         banned = self.banned_ids.to(device)
@@ -244,8 +243,7 @@ class EmbeddedEngine:
         while True:
             rows = [requests[i] for i in active]
             ks = [r.params.logprobs_topk for r in rows]
-            noise = None if draws is None else draws.of(active)
-            tokens = sample_tokens(logits, [r.params for r in rows], banned, [gens[i] for i in active], False, noise)
+            tokens = sample_tokens(logits, [r.params for r in rows], banned, [gens[i] for i in active], check=False)
             contract = contract_logprobs(logits, temps, banned)
             lps = contract.gather(1, tokens.clamp(min=0)[:, None])[:, 0]
             read = to_host(tokens, lps, *(top_k(contract, ks) or ()))
@@ -319,7 +317,8 @@ class EmbeddedEngine:
         return out
 
     def _remember(self, finished: list[tuple[_Request, int]], cache, fed: bool) -> None:
-        """Keep finished (request, batch row)s' keys / values in the prefix cache: prompt, then tokens fed back."""
+        """Keep finished rows' keys / values (each prompt and every generated token fed back) in the prefix cache;
+        ``finished``: (request, batch row) pairs; ``fed``: whether the last sampled token was fed (see _decode)."""
         if self._prefix.enabled and finished:
             last = None if fed else -1
             for entry in reuse.prefix_entries([(r.prompt, r.sampled[:last], row) for r, row in finished], cache):

@@ -166,7 +166,6 @@ def sample_tokens(
     banned: torch.Tensor,
     generators: Sequence[torch.Generator | None],
     check: bool = True,
-    noise: Callable[[list[int]], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Pick one token per row. logits ``[B, V]`` raw fp32; ``banned`` ``[n]`` ids never to be picked.
 
@@ -178,7 +177,6 @@ def sample_tokens(
     one exponential fill per row, the rest batched (on a CPU in blocks of :data:`CPU_ROWS`) — where one multinomial
     per row cost a host sync and ~6 kernels a row each step (16,384 of them for 256 requests of 64 tokens). The
     tokens are the same either way (``tests/foundation/test_sampling.py``; on CUDA ``benchmarks/sampler_speed.py``).
-    ``noise(rows)``: the Exp(1) draws ``[len(rows), V]`` of the sampled rows instead (:class:`RowNoise`).
     """
     masked = logits.float().index_fill(1, banned.to(logits.device), float("-inf"))
     rows = [b for b, p in enumerate(params) if p.temperature != 0]
@@ -200,16 +198,13 @@ def sample_tokens(
     top = scaled.amax(dim=-1)  # NaN or all -inf: a broken forward (or all banned) is an error, not a token
     if check and not bool(torch.isfinite(top).all()):
         raise_if_unsampled([-1 if bad else 0 for bad in (~torch.isfinite(top)).tolist()], rows)
-    block = len(rows) if scaled.is_cuda or noise is not None else CPU_ROWS
+    block = len(rows) if scaled.is_cuda else CPU_ROWS
     picks = []
     for lo in range(0, len(rows), block):
         probs = torch.softmax(scaled[lo : lo + block], dim=-1)
-        if noise is not None:
-            race = noise(rows)
-        else:
-            race = torch.empty_like(probs)
-            for j, row in enumerate(race.unbind(0)):
-                row.exponential_(1.0, generator=generators[rows[lo + j]])
+        race = torch.empty_like(probs)
+        for j, row in enumerate(race.unbind(0)):  # one call for the row views, not one per row
+            row.exponential_(1.0, generator=generators[rows[lo + j]])
         picks.append(torch.div(probs, race, out=race).argmax(dim=-1))
     picked = torch.where(torch.isfinite(top), torch.cat(picks), -1)
     return picked if index is None else masked.argmax(dim=-1).index_copy(0, index, picked)
@@ -230,48 +225,6 @@ def to_host(*tensors: torch.Tensor) -> Callable[[], list[list]]:
         return [h.tolist() for h in host]
 
     return read
-
-
-class RowNoise:
-    """The Exp(1) race draws of a batch's requests (:func:`sample_tokens`), each request's from its own generator
-    ``DRAW`` steps at a time: one ``exponential_`` per request every ``DRAW`` steps, not every step. At 256 rows the
-    per-step draws were 16,384 calls in a 64-token batch, ~150 ms of the host's time that HF generate's one
-    ``multinomial`` a step does not spend (H200, ``benchmarks/results/engine_profile/h200_0a0a2ed_256x64.json``).
-
-    A request's draws depend on its generator and its step alone — never on its batch — but are not those of
-    ``DRAW`` one-step calls (a generator's ``[DRAW, V]`` call fills its values in another order), so the engine's
-    tokens on CUDA are not ``torch.multinomial``'s; the CPU path keeps one draw per row and step.
-    ``[requests, DRAW, V]`` fp32 on the device (622 MB for 256 requests of the Qwen vocabulary)."""
-
-    def __init__(self, generators: Sequence[torch.Generator | None], vocab: int, device):
-        self.generators = list(generators)
-        self.draws = torch.empty((len(self.generators), DRAW, vocab), dtype=torch.float32, device=device)
-        self.step = 0
-        self._index: tuple[tuple[int, ...], torch.Tensor] | None = None
-
-    def take(self, requests: Sequence[int]) -> torch.Tensor:
-        """This step's draws ``[len(requests), V]`` for ``requests`` (indices into the generators), in order; each
-        call is one step. The result may be written over (it is a copy, or this step's slice alone)."""
-        k = self.step % DRAW
-        if k == 0:
-            for r in requests:
-                self.draws[r].exponential_(1.0, generator=self.generators[r])
-        self.step += 1
-        key = tuple(requests)
-        if key == tuple(range(len(self.generators))):
-            return self.draws[:, k]
-        if self._index is None or self._index[0] != key:  # moved to the device once per set of rows
-            self._index = (key, torch.tensor(key, device=self.draws.device))
-        return self.draws[self._index[1], k]
-
-    def of(self, batch: Sequence[int]) -> Callable[[list[int]], torch.Tensor]:
-        """:func:`sample_tokens`' ``noise`` for a batch whose row ``b`` is request ``batch[b]``."""
-        return lambda rows: self.take([batch[j] for j in rows])
-
-
-DRAW = 4
-"""Steps of race draws a request's generator makes at once (:class:`RowNoise`); fixed, so that no request's tokens
-depend on how many others share its batch."""
 
 
 def raise_if_unsampled(tokens: Sequence[int], rows: Sequence[int]) -> None:
