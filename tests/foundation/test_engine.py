@@ -187,10 +187,15 @@ def test_stop_token_ids_and_length(tiny):
     assert short.finish_reason == "length" and short.token_ids == full.token_ids[:5]
 
 
-def test_a_non_finite_row_fails_its_batch_naming_the_row(tiny):
-    """The engine queues a step's sampling without reading the device first; a row whose logits are NaN still
-    fails the call, named, and the engine serves the next call."""
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_a_non_finite_row_fails_its_batch_naming_the_row(tiny, pipelined):
+    """The engine queues a step's sampling without reading the device first (pipelined: and the next forward,
+    fed a placeholder for the unsampled row); a row whose logits are NaN still fails the call, named, and the
+    engine serves the next call."""
+    from vlrl.engines.embedded import EmbeddedEngine
+
     b = tiny("qwen2_vl")
+    engine = EmbeddedEngine(b.model, b.tokenizer, pipelined=pipelined)
     p = prompts(b.renderer)["single"]
     norm = b.model.model.language_model.norm
 
@@ -202,10 +207,10 @@ def test_a_non_finite_row_fails_its_batch_naming_the_row(tiny):
     hook = norm.register_forward_hook(poison)
     try:
         with pytest.raises(RuntimeError, match=r"rows \[1\] are not finite"):
-            b.engine.generate([p, p], SamplingParams(temperature=1.0, max_tokens=3, seed=1))
+            engine.generate([p, p], SamplingParams(temperature=1.0, max_tokens=3, seed=1))
     finally:
         hook.remove()
-    assert len(b.engine.generate([p], SamplingParams(temperature=1.0, max_tokens=3, seed=1))[0].token_ids) == 3
+    assert len(engine.generate([p], SamplingParams(temperature=1.0, max_tokens=3, seed=1))[0].token_ids) == 3
 
 
 def test_context_overflow_is_a_clear_error(tiny):
