@@ -129,6 +129,8 @@ def test_pipelined_decoding_takes_the_step_by_step_tokens_and_logprobs(tiny):
         )
         np.testing.assert_allclose(ahead.logprobs, step.logprobs, atol=1e-5)
         assert [[t for t, _ in top] for top in ahead.top_logprobs] == [[t for t, _ in top] for top in step.top_logprobs]
+        for a, b in zip(ahead.top_logprobs, step.top_logprobs, strict=True):
+            np.testing.assert_allclose([v for _, v in a], [v for _, v in b], atol=1e-5)
         reasons.add((step.finish_reason, type(step.stop_reason).__name__))
     assert {("stop", "str"), ("stop", "int"), ("length", "NoneType")} <= reasons, reasons
 

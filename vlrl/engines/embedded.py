@@ -23,16 +23,17 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from vlrl.engines import reuse
+from vlrl.engines.requests import DecodeRequest
 from vlrl.engines.sampling import (
     contract_logprobs,
     effective_temperature,
     fp32_head,
+    on_device,
     raise_if_unsampled,
     request_generator,
     sample_tokens,
@@ -40,32 +41,17 @@ from vlrl.engines.sampling import (
     top_k,
     top_pairs,
 )
-from vlrl.engines.types import Engine, FinishReason, Generation, NamedTensors, SamplingParams
+from vlrl.engines.types import Engine, Generation, NamedTensors, SamplingParams
 from vlrl.errors import ContextOverflowError
 from vlrl.models.positions import mrope_positions
 from vlrl.models.tokenizer import VISION_TOKENS
 from vlrl.render.types import RenderedPrompt
 
 
-@dataclass
-class _Request:
-    """One request's state while it decodes."""
-
-    prompt: RenderedPrompt
-    params: SamplingParams
-    max_new: int
-    future: Future
-    ids: list[int] = field(default_factory=list)
-    sampled: list[int] = field(default_factory=list)  # every sampled token, even those a stop string cuts
-    logprobs: list[float] = field(default_factory=list)
-    top: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
-    finish: Generation | None = None
-
-
 class _Unit(list):
     """Requests queued together: one ``submit`` (``waits``: its batch may wait for more) or one ``generate`` call."""
 
-    def __init__(self, requests: Sequence[_Request], waits: bool):
+    def __init__(self, requests: Sequence[DecodeRequest], waits: bool):
         super().__init__(requests)
         self.waits = waits
 
@@ -148,7 +134,7 @@ class EmbeddedEngine:
     async def agenerate(self, prompt: RenderedPrompt, params: SamplingParams = SamplingParams()) -> Generation:
         return await asyncio.wrap_future(self.submit(prompt, params))
 
-    def _request(self, prompt: RenderedPrompt, params: SamplingParams) -> _Request:
+    def _request(self, prompt: RenderedPrompt, params: SamplingParams) -> DecodeRequest:
         n = len(prompt.token_ids)
         if n == 0:
             raise ValueError("empty prompt")
@@ -157,7 +143,7 @@ class EmbeddedEngine:
         bad = set(self.banned_ids.tolist()).intersection(params.stop_token_ids)
         if bad:
             raise ValueError(f"stop_token_ids {sorted(bad)} are vision placeholder ids, which are never sampled")
-        return _Request(
+        return DecodeRequest(
             prompt=prompt, params=params, max_new=min(params.max_tokens, self.max_context - n), future=Future()
         )
 
@@ -169,16 +155,18 @@ class EmbeddedEngine:
             self._worker.start()
         self._queue.put(unit)
 
-    def _next_batch(self) -> list[_Request]:
+    def _next_batch(self) -> list[DecodeRequest]:
         """Block for one unit, then add whole queued units, in order, while they fit in ``max_batch`` (the
         first that does not fit opens the next batch); requests whose future was cancelled meanwhile are
         dropped here (never decoded, never poisoning a batch).
 
-        A ``submit``'s batch that is not full waits ``gather_s`` for the next unit after each arrival,
-        ``gather_cap_s`` at most (a ``generate`` call's starts at once): concurrent episodes queue their turns a
-        few ms apart, and without the wait a turn's first request ran alone (8 maze episodes on an H100: 47.3 s
-        a 16-turn rollout, 20.1 s with it; ``benchmarks/engine_gather.py``). Batch composition changes no
-        logprob (batch invariance) and no token (each request draws from its own generator)."""
+        A batch opened by a ``submit`` that is not full waits ``gather_s`` for the next unit after each
+        arrival, ``gather_cap_s`` at most (a ``generate`` call's batch starts at once): concurrent episodes
+        render their turns on the renderer's threads and queue them a few ms apart, and without the wait the
+        first request of a turn started a batch of its own, the others waiting for it to finish (8 maze
+        episodes: batches of 1 then 7 every turn; on an H100 a 16-turn rollout took 47.3 s so, 20.1 s with the
+        wait, ``benchmarks/engine_gather.py``). Batch composition changes no logprob (batch invariance) and no
+        sampled token (each request draws from its own generator)."""
         units = [self._held if self._held is not None else self._queue.get()]
         self._held = None
         size = len(units[0])
@@ -214,7 +202,7 @@ class EmbeddedEngine:
     # ------------------------------------------------------------------ decoding
 
     @torch.no_grad()
-    def _decode(self, requests: list[_Request]) -> None:
+    def _decode(self, requests: list[DecodeRequest]) -> None:
         """Run ``requests`` to completion as one batch: a left-padded prefill (from the cached prefix on), then
         one token per step with a KV cache; finished rows leave the batch and the cache (their keys / values
         stay in the prefix cache). Logits come from the decoder's last hidden state through the LM head in
@@ -222,7 +210,8 @@ class EmbeddedEngine:
 
         ``pipelined`` (CUDA by default): a step's next forward is queued before the host reads the step's tokens
         (``to_host`` waits for their copies only), so the host's stop checks run while the device computes. A row
-        the step finishes was fed its last token too: that output is dropped with the row; no token changes."""
+        the step finishes was fed its last token too (unless every row ends there): that output is dropped with the
+        row; the other rows' tokens are those of the step-by-step order, up to batch invariance."""
         model, device = self.model, self.device
         self._check_weights()
         inputs = self._prefill_inputs(requests)
@@ -253,20 +242,24 @@ class EmbeddedEngine:
             picked, lp_list, *top = read()
             raise_if_unsampled(picked, range(len(picked)))
             tops = top_pairs((top[0], top[1]) if top else None, ks)
-            on = [self._step(requests[i], *step) for i, step in zip(active, zip(picked, lp_list, tops, strict=True))]
+            stop = dict(tokenizer=self.tokenizer, eos_ids=self.eos_ids, version=self.weight_version)
+            on = [requests[i].record(*step, **stop) for i, step in zip(active, zip(picked, lp_list, tops, strict=True))]
             keep = [row for row, going in enumerate(on) if going]
             self._remember([(requests[active[row]], row) for row, going in enumerate(on) if not going], cache, fed)
             if not keep:
                 return
             if len(keep) < len(active):  # drop finished rows from the batch and the cache
-                idx = torch.tensor(keep, device=device)
+                idx = on_device(keep, device)
                 cache.batch_select_indices(idx)
-                tokens, logits, attn, next_pos, temps = tokens[idx], logits[idx], attn[idx], next_pos[idx], temps[idx]
+                attn, next_pos, temps = attn[idx], next_pos[idx], temps[idx]
+                logits, tokens = (logits[idx], tokens) if fed else (logits, tokens[idx])  # fed: the new logits
                 active = [active[k] for k in keep]
             if not fed:
                 logits, attn, next_pos = self._forward_step(tokens, attn, next_pos, cache, head)
 
-    def _forward_step(self, tokens: torch.Tensor, attn: torch.Tensor, next_pos: torch.Tensor, cache, head):
+    def _forward_step(
+        self, tokens: torch.Tensor, attn: torch.Tensor, next_pos: torch.Tensor, cache, head
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Feed ``tokens`` ``[B]`` -> next logits ``[B, V]`` fp32, mask ``[B, W + 1]``, next positions ``[B]``."""
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
         pos = next_pos.view(1, -1, 1).expand(3, -1, 1)
@@ -275,7 +268,7 @@ class EmbeddedEngine:
         ).last_hidden_state
         return head(hidden[:, -1]), attn, next_pos + 1
 
-    def _prefill_inputs(self, requests: list[_Request]) -> dict:
+    def _prefill_inputs(self, requests: list[DecodeRequest]) -> dict:
         """Left-padded ``input_ids`` / ``attention_mask`` ``[B, L]`` and the batch's ``image_grid_thw``."""
         width = max(len(r.prompt.token_ids) for r in requests)
         ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
@@ -304,66 +297,27 @@ class EmbeddedEngine:
             self._prefix.clear()
             self._fingerprint = fingerprint
 
-    def _cached_prefix(self, requests: list[_Request], width: int):
+    def _cached_prefix(self, requests: list[DecodeRequest], width: int):
         cache, start, recompute = reuse.cached_prefix(self._prefix, self.model, [r.prompt for r in requests], width)
         self.stats["prefill_columns"] += recompute * len(requests)
         self.stats["reused_columns"] += start * len(requests)
         return cache, start
 
-    def _new_embeddings(self, requests: list[_Request], ids: torch.Tensor, start: int) -> tuple[torch.Tensor, dict]:
+    def _new_embeddings(
+        self, requests: list[DecodeRequest], ids: torch.Tensor, start: int
+    ) -> tuple[torch.Tensor, dict]:
         before = self._vision.encoded
         out = reuse.new_embeddings(self._vision, self.model, [r.prompt for r in requests], ids, start)
         self.stats["images_encoded"] += self._vision.encoded - before
         return out
 
-    def _remember(self, finished: list[tuple[_Request, int]], cache, fed: bool) -> None:
+    def _remember(self, finished: list[tuple[DecodeRequest, int]], cache, fed: bool) -> None:
         """Keep finished rows' keys / values (each prompt and every generated token fed back) in the prefix cache;
         ``finished``: (request, batch row) pairs; ``fed``: whether the last sampled token was fed (see _decode)."""
         if self._prefix.enabled and finished:
             last = None if fed else -1
             for entry in reuse.prefix_entries([(r.prompt, r.sampled[:last], row) for r, row in finished], cache):
                 self._prefix.add(entry)
-
-    def _step(self, r: _Request, token: int, logprob: float, top: tuple) -> bool:
-        """Record one sampled token; returns True while the request goes on."""
-        r.ids.append(token)
-        r.sampled.append(token)
-        r.logprobs.append(logprob)
-        r.top.append(top)
-        p = r.params
-        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
-            return self._finish(r, "stop", token)
-        if p.stop:
-            text = self.tokenizer.decode(r.ids, skip_special_tokens=True)
-            for s in p.stop:
-                at = text.find(s)
-                if at >= 0:
-                    if not p.include_stop_str_in_output:
-                        self._cut_before(r, at)
-                    return self._finish(r, "stop", s)
-        if len(r.ids) >= r.max_new:
-            return self._finish(r, "length", None)
-        return True
-
-    def _cut_before(self, r: _Request, char_index: int) -> None:
-        """Drop tokens from the end until the decoded text ends at or before ``char_index``."""
-        while r.ids and len(self.tokenizer.decode(r.ids, skip_special_tokens=True)) > char_index:
-            r.ids.pop()
-            r.logprobs.pop()
-            r.top.pop()
-
-    def _finish(self, r: _Request, reason: FinishReason, stop_reason: str | int | None) -> bool:
-        r.finish = Generation(
-            token_ids=tuple(r.ids),
-            logprobs=tuple(r.logprobs),
-            finish_reason=reason,
-            stop_reason=stop_reason,
-            text=self.tokenizer.decode(r.ids, skip_special_tokens=True),
-            weight_version=self.weight_version,
-            prompt_len=len(r.prompt.token_ids),
-            top_logprobs=tuple(r.top) if r.params.logprobs_topk else (),
-        )
-        return False
 
     # ------------------------------------------------------------------ weights
 

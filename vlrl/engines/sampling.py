@@ -218,13 +218,22 @@ def to_host(*tensors: torch.Tensor) -> Callable[[], list[list]]:
         return lambda: [t.tolist() for t in tensors]
     host = [t.to("cpu", non_blocking=True) for t in tensors]  # pinned outputs: the copies run in stream order
     copied = torch.cuda.Event()
-    copied.record()
+    copied.record(torch.cuda.current_stream(tensors[0].device))  # their device's stream, not the thread's default
 
     def read() -> list[list]:
         copied.synchronize()
         return [h.tolist() for h in host]
 
     return read
+
+
+def on_device(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``; on CUDA copied from pinned memory, so the host does not wait for
+    the work already queued there (a pageable copy would: the pipelined decode's next forward)."""
+    host = torch.tensor(values, dtype=torch.long)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def raise_if_unsampled(tokens: Sequence[int], rows: Sequence[int]) -> None:
