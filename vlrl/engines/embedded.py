@@ -21,7 +21,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
@@ -33,11 +33,9 @@ from vlrl.engines.sampling import (
     contract_logprobs,
     effective_temperature,
     fp32_head,
-    on_device,
     raise_if_unsampled,
     request_generator,
     sample_tokens,
-    to_host,
     top_k,
     top_pairs,
 )
@@ -109,6 +107,8 @@ class EmbeddedEngine:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    # ------------------------------------------------------------------ requests
 
     def submit(self, prompt: RenderedPrompt, params: SamplingParams) -> Future:
         """Queue one request; the future resolves to a :class:`Generation` (or the error).
@@ -209,53 +209,66 @@ class EmbeddedEngine:
         fp32 (``fp32_logits``, as the trainer).
 
         ``pipelined`` (CUDA by default): a step's next forward is queued before the host reads the step's tokens
-        (``to_host`` waits for their copies only), so the host's stop checks run while the device computes. A row
+        (``_to_host`` waits for their copies only), so the host's stop checks run while the device computes. A row
         the step finishes was fed its last token too (unless every row ends there): that output is dropped with the
         row; the other rows' tokens are those of the step-by-step order, up to batch invariance."""
-        model, device = self.model, self.device
+        device = self.device
         self._check_weights()
-        inputs = self._prefill_inputs(requests)
-        attn = inputs["attention_mask"]
-        positions = mrope_positions(model, inputs["input_ids"], attn, inputs["image_grid_thw"])
-        next_pos = positions.amax(dim=(0, 2)) + 1  # [B]: text after the prompt continues on all three axes
-        cache, start = self._cached_prefix(requests, attn.shape[1])
-        embeds, extra = self._new_embeddings(requests, inputs["input_ids"], start)
-        head = fp32_head(model.get_output_embeddings())  # cast once per batch, not once per step
-        pre = dict(attention_mask=attn, position_ids=positions[:, :, start:], past_key_values=cache, use_cache=True)
-        logits = head(model.model.language_model(inputs_embeds=embeds, **pre, **extra).last_hidden_state[:, -1])
+        head = fp32_head(self.model.get_output_embeddings())  # cast once per batch, not once per step
+        logits, attn, next_pos, cache = self._prefill(requests, head)
         active = list(range(len(requests)))  # request index of each batch row
         gens = [request_generator(r.params, device) for r in requests]
         # On the device once: a CPU tensor moved in the loop is a pageable copy, which syncs the stream each step.
         temps = torch.tensor([effective_temperature(r.params.temperature) for r in requests], device=device)
         banned = self.banned_ids.to(device)
         ahead = self.pipelined if self.pipelined is not None else device.type == "cuda"
+        stop = dict(tokenizer=self.tokenizer, eos_ids=self.eos_ids, version=self.weight_version)  # fixed: lock held
         while True:
             rows = [requests[i] for i in active]
             ks = [r.params.logprobs_topk for r in rows]
             tokens = sample_tokens(logits, [r.params for r in rows], banned, [gens[i] for i in active], check=False)
             contract = contract_logprobs(logits, temps, banned)
             lps = contract.gather(1, tokens.clamp(min=0)[:, None])[:, 0]
-            read = to_host(tokens, lps, *(top_k(contract, ks) or ()))
+            read = _to_host(tokens, lps, *(top_k(contract, ks) or ()))
             fed = ahead and any(len(r.ids) + 1 < r.max_new for r in rows)  # else every row ends at this token
             if fed:  # an unsampled row (-1) raises below, after this forward
                 logits, attn, next_pos = self._forward_step(tokens.clamp(min=0), attn, next_pos, cache, head)
             picked, lp_list, *top = read()
             raise_if_unsampled(picked, range(len(picked)))
             tops = top_pairs((top[0], top[1]) if top else None, ks)
-            stop = dict(tokenizer=self.tokenizer, eos_ids=self.eos_ids, version=self.weight_version)
             on = [requests[i].record(*step, **stop) for i, step in zip(active, zip(picked, lp_list, tops, strict=True))]
             keep = [row for row, going in enumerate(on) if going]
             self._remember([(requests[active[row]], row) for row, going in enumerate(on) if not going], cache, fed)
             if not keep:
                 return
             if len(keep) < len(active):  # drop finished rows from the batch and the cache
-                idx = on_device(keep, device)
+                idx = _on_device(keep, device)
                 cache.batch_select_indices(idx)
                 attn, next_pos, temps = attn[idx], next_pos[idx], temps[idx]
                 logits, tokens = (logits[idx], tokens) if fed else (logits, tokens[idx])  # fed: the new logits
                 active = [active[k] for k in keep]
             if not fed:
                 logits, attn, next_pos = self._forward_step(tokens, attn, next_pos, cache, head)
+
+    def _prefill(self, requests: list[DecodeRequest], head):
+        """The batch's prompts through the decoder (from the cached prefix on) -> the first logits ``[B, V]`` fp32,
+        the mask ``[B, W]``, the next positions ``[B]`` and the KV cache."""
+        model = self.model
+        inputs = self._prefill_inputs(requests)
+        attn = inputs["attention_mask"]
+        positions = mrope_positions(model, inputs["input_ids"], attn, inputs["image_grid_thw"])
+        next_pos = positions.amax(dim=(0, 2)) + 1  # [B]: text after the prompt continues on all three axes
+        cache, start = self._cached_prefix(requests, attn.shape[1])
+        embeds, extra = self._new_embeddings(requests, inputs["input_ids"], start)
+        hidden = model.model.language_model(
+            inputs_embeds=embeds,
+            attention_mask=attn,
+            position_ids=positions[:, :, start:],
+            past_key_values=cache,
+            use_cache=True,
+            **extra,
+        ).last_hidden_state
+        return head(hidden[:, -1]), attn, next_pos, cache
 
     def _forward_step(
         self, tokens: torch.Tensor, attn: torch.Tensor, next_pos: torch.Tensor, cache, head
@@ -278,8 +291,11 @@ class EmbeddedEngine:
             ids[b, width - n :] = torch.tensor(r.prompt.token_ids, dtype=torch.long)
             mask[b, width - n :] = 1
         grids = [r.prompt.vision()[1] for r in requests if r.prompt.n_images]
-        thw = torch.cat(grids).to(self.device) if grids else None
-        return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device), "image_grid_thw": thw}
+        return {
+            "input_ids": ids.to(self.device),
+            "attention_mask": mask.to(self.device),
+            "image_grid_thw": torch.cat(grids).to(self.device) if grids else None,
+        }
 
     # ------------------------------------------------------------------ reuse (vlrl.engines.reuse)
 
@@ -347,6 +363,32 @@ class EmbeddedEngine:
 
         with self._lock:
             return weights_checksum(self.model.named_parameters())
+
+
+def _to_host(*tensors: torch.Tensor) -> Callable[[], list[list]]:
+    """Queue device-to-host copies of a step's ``tensors`` (tokens, logprobs, ...) now; the function returned
+    waits for those copies only, not for work queued after them (the engine's next forward), and gives each tensor
+    as a list. On a CPU the lists are made when it is called."""
+    if not tensors[0].is_cuda:
+        return lambda: [t.tolist() for t in tensors]
+    host = [t.to("cpu", non_blocking=True) for t in tensors]  # pinned outputs: the copies run in stream order
+    copied = torch.cuda.Event()
+    copied.record(torch.cuda.current_stream(tensors[0].device))  # their device's stream, not the thread's default
+
+    def read() -> list[list]:
+        copied.synchronize()
+        return [h.tolist() for h in host]
+
+    return read
+
+
+def _on_device(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``; on CUDA copied from pinned memory, so the host does not wait for
+    the work already queued there (a pageable copy would: the pipelined decode's next forward)."""
+    host = torch.tensor(values, dtype=torch.long)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 if TYPE_CHECKING:  # mypy proves here that the class implements the contract

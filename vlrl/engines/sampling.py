@@ -116,16 +116,9 @@ def contract_logprobs(logits: torch.Tensor, temperatures: torch.Tensor | float, 
     return torch.log_softmax(scaled / float(temperatures), dim=-1)
 
 
-def top_logprobs(contract: torch.Tensor, ks: Sequence[int]) -> list[tuple[tuple[int, float], ...]]:
-    """Per row, the ``ks[b]`` largest entries of ``contract`` ``[B, V]`` (already contract logprobs)
-    as ``(id, logprob)`` pairs, most likely first; ``()`` where ``ks[b] == 0``. One ``topk`` for the batch."""
-    top = top_k(contract, ks)
-    return top_pairs(None if top is None else (top[0].tolist(), top[1].tolist()), ks)
-
-
 def top_k(contract: torch.Tensor, ks: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The device half of :func:`top_logprobs`: ``(values, ids)`` ``[B, max(ks)]`` of ``contract``, or None when
-    no row asks for any."""
+    """Per row, the ``ks[b]`` largest entries of ``contract`` ``[B, V]`` (already contract logprobs), on the
+    device: ``(values, ids)`` ``[B, max(ks)]`` (one ``topk`` for the batch), or None when no row asks for any."""
     k = max(ks, default=0)
     if k == 0:
         return None
@@ -134,7 +127,8 @@ def top_k(contract: torch.Tensor, ks: Sequence[int]) -> tuple[torch.Tensor, torc
 
 
 def top_pairs(top: tuple[list, list] | None, ks: Sequence[int]) -> list[tuple[tuple[int, float], ...]]:
-    """The host half of :func:`top_logprobs`: :func:`top_k`'s ``(values, ids)`` as lists -> per-row pairs."""
+    """:func:`top_k`'s ``(values, ids)`` as lists -> per row ``ks[b]`` ``(id, logprob)`` pairs, most likely first
+    (``()`` where ``ks[b] == 0``)."""
     if top is None:
         return [() for _ in ks]
     vals, ids = top
@@ -208,32 +202,6 @@ def sample_tokens(
         picks.append(torch.div(probs, race, out=race).argmax(dim=-1))
     picked = torch.where(torch.isfinite(top), torch.cat(picks), -1)
     return picked if index is None else masked.argmax(dim=-1).index_copy(0, index, picked)
-
-
-def to_host(*tensors: torch.Tensor) -> Callable[[], list[list]]:
-    """Queue device-to-host copies of a step's ``tensors`` (tokens, logprobs, ...) now; the function returned
-    waits for those copies only, not for work queued after them (the engine's next forward), and gives each tensor
-    as a list. On a CPU the lists are made when it is called."""
-    if not tensors[0].is_cuda:
-        return lambda: [t.tolist() for t in tensors]
-    host = [t.to("cpu", non_blocking=True) for t in tensors]  # pinned outputs: the copies run in stream order
-    copied = torch.cuda.Event()
-    copied.record(torch.cuda.current_stream(tensors[0].device))  # their device's stream, not the thread's default
-
-    def read() -> list[list]:
-        copied.synchronize()
-        return [h.tolist() for h in host]
-
-    return read
-
-
-def on_device(values: Sequence[int], device: torch.device) -> torch.Tensor:
-    """``values`` as an int64 tensor on ``device``; on CUDA copied from pinned memory, so the host does not wait for
-    the work already queued there (a pageable copy would: the pipelined decode's next forward)."""
-    host = torch.tensor(values, dtype=torch.long)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 def raise_if_unsampled(tokens: Sequence[int], rows: Sequence[int]) -> None:
