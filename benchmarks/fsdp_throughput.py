@@ -140,22 +140,15 @@ def worker(args) -> None:
         if step == args.warmup and d.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
             counts = _alloc_counts()
-        t = [_now(d)]
-        trainer.logprobs(local)
-        t.append(_now(d))
-        metrics = trainer.sft_step(local)
+        took, metrics, after = timed_step(model, trainer, local, d, dtype)
         losses.append(D.all_reduce_sum([metrics["loss"]])[0])
-        t.append(_now(d))
-        after = full_weights(model, d, dtype)
-        t.append(_now(d))
         if step == 0:
             first = {"metrics": metrics, "update": update_by_group(before, after)}
             before = None
         after = None  # the engine copies what it is sent; a kept copy would count in the next step's peak
         if step >= args.warmup:
-            for key, (a, b) in zip(("logprobs_s", "update_s", "sync_gather_s"), itertools.pairwise(t)):
-                times[key].append(b - a)
-            times["step_s"].append(t[-1] - t[0])
+            for key, value in took.items():
+                times[key].append(value)
     peak = torch.cuda.max_memory_allocated() / 2**30 if d.device.startswith("cuda") else None
     # The caching allocator over the timed steps: retries (a failed allocation that freed the cache) and device
     # mallocs / frees mean it ran out of cached blocks; the peak reserved shows how close to the device it got.
@@ -186,6 +179,22 @@ def worker(args) -> None:
     Path(args.worker).write_text(json.dumps(result))
     if d.sharded:
         D.close_distributed()
+
+
+def timed_step(model, trainer, local, d, dtype: torch.dtype) -> tuple[dict[str, float], dict, dict | None]:
+    """One training step's parts, timed (``logprobs_s``, ``update_s``, ``sync_gather_s``, ``step_s``); the
+    update's metrics; the gathered weights (rank 0's)."""
+    from vlrl.train.fsdp import full_weights
+
+    t = [_now(d)]
+    trainer.logprobs(local)
+    t.append(_now(d))
+    metrics = trainer.sft_step(local)
+    t.append(_now(d))
+    after = full_weights(model, d, dtype)
+    t.append(_now(d))
+    took = {k: b - a for k, (a, b) in zip(("logprobs_s", "update_s", "sync_gather_s"), itertools.pairwise(t))}
+    return took | {"step_s": t[-1] - t[0]}, metrics, after
 
 
 def _alloc_counts() -> dict[str, int]:
@@ -361,6 +370,8 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory() as tmp:
         if args.plain and args.rounds > 1:
+            from fsdp_vs_plain import paired_rounds  # this script's folder is on sys.path[0]
+
             result.update(paired_rounds(args, tmp, result))
         else:
             result["fsdp"] = summary(launch(args, "fsdp", args.nproc, _fresh(tmp, "fsdp")))
@@ -374,30 +385,6 @@ def main() -> None:
         if args.compare_one_rank:
             result.update(compare_one_rank(args, result["fsdp"], tmp))
     print(write(result, args.out))
-
-
-def paired_rounds(args, tmp: str, result: dict) -> dict:
-    """FSDP and plain launched ``args.rounds`` times each, alternating which goes first: the step times of one
-    machine drift by ±15 % between leases (benchmarks/results/fsdp_h100), so the ratio is taken within one
-    command. ``fsdp`` / ``plain``: the first launch of each (the single-round shape); ``rounds``: each round's
-    medians and ratio; ``fsdp_over_plain_step_time``: the median of every timed FSDP step over the median of
-    every timed plain step."""
-    rounds: list[dict] = []
-    steps: dict[str, list[float]] = {"fsdp": [], "plain": []}
-    for r in range(args.rounds):
-        order = ("fsdp", "plain") if r % 2 == 0 else ("plain", "fsdp")
-        this: dict = {"order": list(order)}
-        for mode in order:
-            s = summary(launch(args, mode, args.nproc if mode == "fsdp" else 1, _fresh(tmp, f"{mode}_{r}")))
-            result.setdefault(mode, s)
-            steps[mode] += s["ranks"][0]["step_s"]
-            this[mode] = {k: s[k] for k in ("step_s_median", "logprobs_s_median", "update_s_median")}
-            this[f"{mode}_step_s"] = s["ranks"][0]["step_s"]
-        this["fsdp_over_plain_step_time"] = this["fsdp"]["step_s_median"] / this["plain"]["step_s_median"]
-        rounds.append(this)
-        ratio = statistics.median(steps["fsdp"]) / statistics.median(steps["plain"])
-        write({**result, "rounds": rounds, "fsdp_over_plain_step_time": ratio}, args.out)  # each round kept
-    return {"rounds": rounds, "fsdp_over_plain_step_time": ratio}
 
 
 def write(result: dict, out: str | None) -> str:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vlrl.algos import AlgoConfig, get_advantage_fn
-from vlrl.algos.diagnostics import advantage_stats, grad_norms_by_group
+from vlrl.algos.diagnostics import advantage_stats
 
 
 def test_advantage_stats_of_grpo_hand_computed():
@@ -45,13 +45,6 @@ def test_masked_tokens_do_not_count():
     stats = advantage_stats(adv, mask, torch.tensor([1.0, 0.0]), [0, 0])
     assert stats["adv_abs_mean"] == 0.0 and stats["adv_zero_group_frac"] == 1.0
     assert stats["reward_equal_group_frac"] == 0.0
-
-
-def test_grad_norms_by_group_sums_squares_and_skips_missing_grads():
-    a, b, c = (torch.zeros(2, requires_grad=True) for _ in range(3))
-    a.grad, b.grad = torch.tensor([3.0, 0.0]), torch.tensor([0.0, 4.0])  # c has no grad
-    norms = grad_norms_by_group([("x.a", a), ("x.b", b), ("y.c", c)], lambda n: n.split(".")[0])
-    assert norms == {"x": pytest.approx(5.0)}
 
 
 def test_trainer_param_groups_of_qwen_names():

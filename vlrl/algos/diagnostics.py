@@ -1,17 +1,14 @@
-"""Learning diagnostics of one RL step: how much signal the advantages carry, where the gradient goes.
+"""Learning diagnostics of one RL step: how much signal the advantages carry (where the gradient goes, by
+module group: ``vlrl.train.trainer.clip_gradients``).
 
 Pure functions over tensors (no model, no config), logged by the trainer into ``metrics.jsonl``:
 
 - ``advantage_stats``: mean |A| and mean A over response tokens, the fraction of groups whose
   advantages are all zero (no gradient from them) and of groups whose returns are all equal (no
   signal for a group baseline, whatever the estimator does with them).
-- ``grad_norms_by_group``: the L2 norm of the gradient of each parameter group (e.g. vision tower,
-  projector, language layers, embedding), before clipping.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor
@@ -53,26 +50,3 @@ def advantage_stats(advantages: Tensor, mask: Tensor, returns: Tensor, group_ids
         "reward_equal_group_frac": float((hi - lo <= ZERO).to(r.dtype).mean()),
         "reward_group_std": float(var.sqrt().mean()),
     }
-
-
-def grad_norms_by_group(named_params: Iterable[tuple[str, Tensor]], group_of: Callable[[str], str]) -> dict[str, float]:
-    """``{group: ||grad||_2}`` over the parameters that have a gradient, grouped by ``group_of(name)``.
-
-    Parameters without ``.grad`` are left out (a group with none does not appear); a tied weight
-    listed once by ``named_parameters`` counts once. Sharded gradients (FSDP2's DTensors): the norm of this
-    rank's shards (``vlrl.train.distributed.reduce_metrics`` adds the ranks' squares). One host sync in all,
-    not one per parameter (on a DTensor each ``float()`` was a DTensor dispatch and a host sync), and one
-    multi-tensor norm kernel per group instead of a float64 copy and a reduction per parameter (on the H100,
-    2b model: 101 ms of device time a step that way; benchmarks/results/fsdp_h100/69df103)."""
-    by_group: dict[str, list[Tensor]] = {}
-    for name, p in named_params:
-        if p.grad is not None:
-            g = p.grad.detach()
-            local = g.to_local() if hasattr(g, "to_local") else g
-            by_group.setdefault(group_of(name), []).append(local)
-    if not by_group:
-        return {}
-    names = list(by_group)
-    norms = [torch.stack(torch._foreach_norm(by_group[n], 2, dtype=torch.float32)) for n in names]
-    squares = torch.stack([v.double().square().sum() for v in norms]).tolist()
-    return {n: v**0.5 for n, v in zip(names, squares, strict=True)}

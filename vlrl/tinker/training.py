@@ -15,6 +15,7 @@ vlrl/recipes/color_square_rl.toml, whose header says why).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ from vlrl.tinker.losses import check_inputs
 from vlrl.tinker.wire import ForwardBackwardCall
 from vlrl.train.batch import Batch
 from vlrl.train.forward import banned_ids, chunked_token_stats, decoder_hidden_states
-from vlrl.train.trainer import param_group
+from vlrl.train.trainer import clip_gradients, param_group
 
 LORA_ALPHA = 32.0
 """LoRA alpha (Tinker fixes it too; the client chooses only the rank)."""
@@ -174,9 +175,7 @@ class TrainedModel:
                 eps=step.eps,
                 weight_decay=step.weight_decay,
             )
-        params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
-        clip = step.grad_clip_norm if step.grad_clip_norm > 0 else float("inf")
-        norm = float(torch.nn.utils.clip_grad_norm_(params, clip)) if params else 0.0
+        norm = clip_gradients(self.model, step.grad_clip_norm if step.grad_clip_norm > 0 else math.inf)["grad_norm"]
         opt.step()
         opt.zero_grad(set_to_none=True)
         self.steps += 1

@@ -161,6 +161,14 @@ def all_reduce_sum(values: list[float]) -> list[float]:
     return t.tolist()
 
 
+def all_reduce_sum_(t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over the ranks in place (on its device: a CUDA tensor under NCCL, a CPU one under gloo),
+    returned; ``t`` as it is when not distributed."""
+    if _active():
+        dist.all_reduce(t)
+    return t
+
+
 def global_agg_counts(masks) -> AggCounts:
     """``agg_counts`` over the masks of *every* rank's micro-batches of this optimizer step.
 
@@ -266,16 +274,15 @@ PER_RANK_MEAN = ("entropy_first_token",)
 def reduce_metrics(values: dict[str, float]) -> dict[str, float]:
     """One update's metrics over all ranks. The trainer weighs each token's metric by its share of the
     *global* count (``global_agg_counts``), so the loss and the policy-loss metrics add up across ranks;
-    ``grad_norm`` (clipping's, computed by DTensor over all shards) is global already; ``grad_norm/<group>``
-    is each rank's shards' norm, so the squares add."""
+    ``grad_norm`` and ``grad_norm/<group>`` are global already (``vlrl.train.trainer.clip_gradients`` sums the
+    ranks' squares)."""
     if not _active():
         return dict(values)
-    keys = sorted(k for k, v in values.items() if isinstance(v, (int, float)) and k != "grad_norm")
-    local = [values[k] ** 2 if k.startswith("grad_norm/") else values[k] for k in keys]
+    keys = sorted(k for k, v in values.items() if isinstance(v, (int, float)) and not k.startswith("grad_norm"))
     world = dist.get_world_size()
     out = dict(values)
-    for k, total in zip(keys, all_reduce_sum(local)):
-        out[k] = math.sqrt(total) if k.startswith("grad_norm/") else total / world if k in PER_RANK_MEAN else total
+    for k, total in zip(keys, all_reduce_sum([values[k] for k in keys])):
+        out[k] = total / world if k in PER_RANK_MEAN else total
     return out
 
 

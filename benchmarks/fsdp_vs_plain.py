@@ -1,0 +1,140 @@
+"""FSDP2 on one rank against the plain trainer: the step-time ratio that the FSDP issue bounds (at most 1.10).
+
+Two ways to measure it, each writing JSON:
+
+- **Launched in turn** (``benchmarks/fsdp_throughput.py --plain --rounds N``, through ``paired_rounds`` here): each
+  side in its own process, the order alternating. The step time of one process drifts with its host: the same
+  plain step took 2.3-5.6 s across launches of one command on an H200 (benchmarks/results/fsdp_h100/9836154,
+  5f98160), so a ratio of medians moved between 0.86 and 1.44 from round to round.
+- **Interleaved in one process** (this script): under torchrun with one rank, the plain model and the FSDP2 model are
+  built side by side, on the same trajectories, and their steps alternate (FSDP, plain, plain, FSDP, ...), so the two
+  sides of each pair see the same host at the same minutes. ``fsdp_over_plain_step_time``: the median over pairs
+  of FSDP's step time over plain's. Each side's step is ``benchmarks/fsdp_throughput.py``'s: the logprob pass, one
+  update (``Trainer.sft_step``), the weight sync's gather. Both models live on the device at once (the 2b model
+  in bf16 with fp32 masters on both sides: about 110 GiB at 64 rows and micro-batch 8: an H200, not an H100).
+
+    python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/fsdp_vs_plain.py \\
+        --size 2b --device cuda --dtype bfloat16 --rows 64 --micro-batch 8 --steps 8 --out OUT.json
+    python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/fsdp_vs_plain.py \\
+        --size tiny --device cpu --dtype float32 --rows 4 --turns 2 --steps 2 --warmup 1 --out OUT.json  # CPU smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import fsdp_throughput as ft  # this script's folder is on sys.path[0]
+import torch
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", default="qwen2_5_vl")
+    p.add_argument("--size", default="2b")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    p.add_argument("--rows", type=int, default=64, help="trajectories per step")
+    p.add_argument("--turns", type=int, default=8, help="maze turns per trajectory (an image each)")
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=8, help="timed pairs")
+    p.add_argument("--warmup", type=int, default=1, help="untimed pairs first")
+    p.add_argument("--group-fraction", type=float, default=None, help="FSDP group size (0: a group per block)")
+    p.add_argument("--profile", action="store_true", help="then profile one more update of each side")
+    p.add_argument("--out", required=True)
+    return p.parse_args()
+
+
+def main() -> None:
+    from vlrl.train import distributed as D
+    from vlrl.train.batch import CollateSpec, collate
+
+    args = parse()
+    d = D.init_distributed(args.device)
+    if d.world != 1:
+        raise SystemExit(f"fsdp_vs_plain: one rank (torchrun --nproc-per-node 1), not {d.world}")
+    dtype = getattr(torch, args.dtype)
+    if d.device.startswith("cuda") and dtype == torch.float32:  # fp32 means fp32, as in vlrl.train.run
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    single = D.Dist.single(d.device)
+    fsdp_model, fsdp_trainer, model_dir = ft.build(args, d, dtype)
+    plain_model, plain_trainer, _ = ft.build(args, single, dtype)
+    batch = collate(ft.trajectories(args, model_dir, args.rows), CollateSpec.from_model(plain_model))
+    sides = {"fsdp": (fsdp_model, fsdp_trainer, d), "plain": (plain_model, plain_trainer, single)}
+    times: dict[str, dict[str, list[float]]] = {side: {} for side in sides}
+    losses: dict[str, list[float]] = {side: [] for side in sides}
+    for step in range(args.warmup + args.steps):
+        for side in ("fsdp", "plain") if step % 2 == 0 else ("plain", "fsdp"):
+            model, trainer, dd = sides[side]
+            took, metrics, _ = ft.timed_step(model, trainer, batch, dd, dtype)
+            losses[side].append(metrics["loss"])
+            if step >= args.warmup:
+                for key, value in took.items():
+                    times[side].setdefault(key, []).append(value)
+    result = summary(args, d, times, losses)
+    if args.profile:  # after the timed pairs: the profiler's overhead stays out of them
+        result["profile"] = {side: ft.profiled(lambda s=s: s[1].sft_step(batch), s[2])[1] for side, s in sides.items()}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k not in ("profile", "fsdp", "plain")}, indent=2))
+    D.close_distributed()
+
+
+def summary(args, d, times: dict, losses: dict) -> dict:
+    """Each side's step times and medians; each pair's ratio; the losses of both sides (same data, same start)."""
+    from vlrl.bench.env import device_name, git_commit
+
+    pairs = [f / p for f, p in zip(times["fsdp"]["step_s"], times["plain"]["step_s"], strict=True)]
+    updates = [f / p for f, p in zip(times["fsdp"]["update_s"], times["plain"]["update_s"], strict=True)]
+    return {
+        "benchmark": "fsdp_vs_plain",
+        "commit": git_commit(),
+        "device": device_name(d.device),
+        "torch": torch.__version__,
+        "arch": args.arch,
+        "size": args.size,
+        "dtype": args.dtype,
+        "rows": args.rows,
+        "turns": args.turns,
+        "micro_batch": args.micro_batch,
+        "group_fraction": args.group_fraction,
+        "pairs": args.steps,
+        "fsdp_over_plain_step_time": statistics.median(pairs),
+        "fsdp_over_plain_update_time": statistics.median(updates),
+        "pair_ratios": pairs,
+        "ratio_of_median_steps": statistics.median(times["fsdp"]["step_s"])
+        / statistics.median(times["plain"]["step_s"]),
+        "losses": losses,
+        "loss_max_abs_diff": max(abs(a - b) for a, b in zip(losses["fsdp"], losses["plain"], strict=True)),
+        **{side: {**t, **{f"{k}_median": statistics.median(v) for k, v in t.items()}} for side, t in times.items()},
+    }
+
+
+def paired_rounds(args, tmp: str, result: dict) -> dict:
+    """FSDP and plain launched ``args.rounds`` times each, alternating which goes first (``fsdp_throughput.py``'s
+    ``--plain --rounds``). ``fsdp`` / ``plain``: the first launch of each (the single-round shape); ``rounds``:
+    each round's medians and ratio; ``fsdp_over_plain_step_time``: the median of every timed FSDP step over the
+    median of every timed plain step."""
+    rounds: list[dict] = []
+    steps: dict[str, list[float]] = {"fsdp": [], "plain": []}
+    for r in range(args.rounds):
+        order = ("fsdp", "plain") if r % 2 == 0 else ("plain", "fsdp")
+        this: dict = {"order": list(order)}
+        for mode in order:
+            s = ft.summary(ft.launch(args, mode, args.nproc if mode == "fsdp" else 1, ft._fresh(tmp, f"{mode}_{r}")))
+            result.setdefault(mode, s)
+            steps[mode] += s["ranks"][0]["step_s"]
+            this[mode] = {k: s[k] for k in ("step_s_median", "logprobs_s_median", "update_s_median")}
+            this[f"{mode}_step_s"] = s["ranks"][0]["step_s"]
+        this["fsdp_over_plain_step_time"] = this["fsdp"]["step_s_median"] / this["plain"]["step_s_median"]
+        rounds.append(this)
+        ratio = statistics.median(steps["fsdp"]) / statistics.median(steps["plain"])
+        ft.write({**result, "rounds": rounds, "fsdp_over_plain_step_time": ratio}, args.out)  # each round kept
+    return {"rounds": rounds, "fsdp_over_plain_step_time": ratio}
+
+
+if __name__ == "__main__":
+    main()
