@@ -98,13 +98,23 @@ def hf_generate_call(model, processor, prompts: Sequence[Any], device: str) -> C
 
 
 def engine_section(model, renderer, batch_sizes: Sequence[int], max_tokens: int, repeats: int, device: str) -> dict:
-    """``{"embedded": {n: timing}, "hf_generate": {n: timing}, "embedded_over_hf": {n: ratio}}`` per batch size."""
+    """``{"embedded": {n: timing}, "hf_generate": {n: timing}, "embedded_over_hf": {n: ratio}}`` per batch size.
+
+    On CUDA with Triton also ``embedded_counter`` (``EmbeddedEngine(race="counter")``: the sampler's race in one
+    kernel) and ``embedded_counter_over_hf``, timed in turn with the other two: the A/B of the two races."""
+    import importlib.util
+
     import torch
 
     from vlrl.engines.embedded import EmbeddedEngine
 
     engine = EmbeddedEngine(model, renderer.tokenizer, max_batch=max(batch_sizes))
+    counter = None
+    if device.startswith("cuda") and importlib.util.find_spec("triton") is not None:
+        counter = EmbeddedEngine(model, renderer.tokenizer, max_batch=max(batch_sizes), race="counter")
     out: dict[str, dict[str, Any]] = {"embedded": {}, "hf_generate": {}, "embedded_over_hf": {}}
+    if counter is not None:
+        out |= {"embedded_counter": {}, "embedded_counter_over_hf": {}}
     renderer.render(workload_messages(1)[0])  # first-call costs (template compile) are not the renderer's speed
     for n in batch_sizes:
         messages = workload_messages(n)
@@ -115,6 +125,8 @@ def engine_section(model, renderer, batch_sizes: Sequence[int], max_tokens: int,
         torch.manual_seed(0)  # HF generate's one generator (module docstring)
         hf = hf_generate_call(model, renderer.processor, prompts, device)
         calls = {"embedded": embedded_call(engine, prompts), "hf_generate": hf}
+        if counter is not None:
+            calls["embedded_counter"] = embedded_call(counter, prompts)
         for call in calls.values():
             call(2)  # warm-up
         timed = alternating({k: functools.partial(c, max_tokens) for k, c in calls.items()}, repeats, device)
@@ -123,4 +135,9 @@ def engine_section(model, renderer, batch_sizes: Sequence[int], max_tokens: int,
         out["embedded_over_hf"][key] = round(
             out["embedded"][key]["tok_per_s"] / out["hf_generate"][key]["tok_per_s"], 3
         )
+        if counter is not None:
+            out["embedded_counter"][key] = timed["embedded_counter"]
+            out["embedded_counter_over_hf"][key] = round(
+                timed["embedded_counter"]["tok_per_s"] / out["hf_generate"][key]["tok_per_s"], 3
+            )
     return out

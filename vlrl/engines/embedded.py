@@ -23,18 +23,21 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from vlrl.engines import reuse
 from vlrl.engines.requests import DecodeRequest
 from vlrl.engines.sampling import (
+    CounterDraws,
     contract_logprobs,
     effective_temperature,
     fp32_head,
+    on_device,
     raise_if_unsampled,
     request_generator,
+    request_seed,
     sample_tokens,
     top_k,
     top_pairs,
@@ -69,16 +72,19 @@ class EmbeddedEngine:
         gather_s: float = 0.03,
         gather_cap_s: float = 0.25,
         pipelined: bool | None = None,
+        race: Literal["generator", "counter"] = "generator",
     ):
         """``gather_s``: how long a batch that is not full waits for one more request before it starts (each
         arrival waits again), at most ``gather_cap_s`` in all (see :meth:`_next_batch`); 0 starts at once. 30 ms
         because 10 ms let the turns split again on a slowed H100 host (``benchmarks/results/engine_gather/``).
         ``pipelined``: decode steps queued ahead of the host's reads (:meth:`_decode`); None: on CUDA only (a CPU
-        computes as it is asked, so there it would only add a forward at a batch's last step)."""
+        computes as it is asked, so there it would only add a forward at a batch's last step). ``race``: each request's
+        sampling noise from its own ``torch.Generator`` (one call per row a step), or from counters in one kernel for
+        the batch (``vlrl.engines.race_kernel``, Triton: other tokens for a seed, the same distribution)."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch = max_batch
-        self.gather_s, self.gather_cap_s, self.pipelined = gather_s, gather_cap_s, pipelined
+        self.gather_s, self.gather_cap_s, self.pipelined, self.race = gather_s, gather_cap_s, pipelined, race
         self.max_context = max_context or int(model.config.text_config.max_position_embeddings)
         gen_eos = getattr(model.generation_config, "eos_token_id", None)
         eos = gen_eos if gen_eos is not None else tokenizer.eos_token_id
@@ -218,6 +224,7 @@ class EmbeddedEngine:
         logits, attn, next_pos, cache = self._prefill(requests, head)
         active = list(range(len(requests)))  # request index of each batch row
         gens = [request_generator(r.params, device) for r in requests]
+        seeds = [request_seed(r.params) for r in requests] if self.race == "counter" else None
         # On the device once: a CPU tensor moved in the loop is a pageable copy, which syncs the stream each step.
         temps = torch.tensor([effective_temperature(r.params.temperature) for r in requests], device=device)
         banned = self.banned_ids.to(device)
@@ -226,7 +233,12 @@ class EmbeddedEngine:
         while True:
             rows = [requests[i] for i in active]
             ks = [r.params.logprobs_topk for r in rows]
-            tokens = sample_tokens(logits, [r.params for r in rows], banned, [gens[i] for i in active], check=False)
+            own = (
+                [gens[i] for i in active]
+                if seeds is None
+                else CounterDraws([seeds[i] for i in active], [len(r.sampled) for r in rows])
+            )
+            tokens = sample_tokens(logits, [r.params for r in rows], banned, own, check=False)
             contract = contract_logprobs(logits, temps, banned)
             lps = contract.gather(1, tokens.clamp(min=0)[:, None])[:, 0]
             read = _to_host(tokens, lps, *(top_k(contract, ks) or ()))
@@ -242,7 +254,7 @@ class EmbeddedEngine:
             if not keep:
                 return
             if len(keep) < len(active):  # drop finished rows from the batch and the cache
-                idx = _on_device(keep, device)
+                idx = on_device(keep, device)
                 cache.batch_select_indices(idx)
                 attn, next_pos, temps = attn[idx], next_pos[idx], temps[idx]
                 logits, tokens = (logits[idx], tokens) if fed else (logits, tokens[idx])  # fed: the new logits
@@ -380,15 +392,6 @@ def _to_host(*tensors: torch.Tensor) -> Callable[[], list[list]]:
         return [h.tolist() for h in host]
 
     return read
-
-
-def _on_device(values: Sequence[int], device: torch.device) -> torch.Tensor:
-    """``values`` as an int64 tensor on ``device``; on CUDA copied from pinned memory, so the host does not wait for
-    the work already queued there (a pageable copy would: the pipelined decode's next forward)."""
-    host = torch.tensor(values, dtype=torch.long)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 if TYPE_CHECKING:  # mypy proves here that the class implements the contract

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -13,6 +15,20 @@ from vlrl.models import fused
 def effective_temperature(temperature: float) -> float:
     """The T of the logprob contract: the request's temperature, or 1 for greedy."""
     return temperature if temperature > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class CounterDraws:
+    """The race drawn by counters (:mod:`vlrl.engines.race_kernel`) instead of generators: per batch row, its request's
+    seed (:func:`request_seed`) and how many tokens the request has drawn before this step."""
+
+    seeds: Sequence[int]
+    steps: Sequence[int]
+
+
+def request_seed(params: SamplingParams) -> int:
+    """A request's race seed for :class:`CounterDraws`: its own, or a random one when it asks for none."""
+    return params.seed if params.seed is not None else secrets.randbits(63)
 
 
 def request_generator(params: SamplingParams, device) -> torch.Generator | None:
@@ -158,7 +174,7 @@ def sample_tokens(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
     banned: torch.Tensor,
-    generators: Sequence[torch.Generator | None],
+    generators: Sequence[torch.Generator | None] | CounterDraws,
     check: bool = True,
 ) -> torch.Tensor:
     """Pick one token per row. logits ``[B, V]`` raw fp32; ``banned`` ``[n]`` ids never to be picked.
@@ -171,6 +187,7 @@ def sample_tokens(
     one exponential fill per row, the rest batched (on a CPU in blocks of :data:`CPU_ROWS`) — where one multinomial
     per row cost a host sync and ~6 kernels a row each step (16,384 of them for 256 requests of 64 tokens). The
     tokens are the same either way (``tests/foundation/test_sampling.py``; on CUDA ``benchmarks/sampler_speed.py``).
+    With :class:`CounterDraws` for ``generators`` the whole race is one kernel (:mod:`vlrl.engines.race_kernel`).
     """
     masked = logits.float().index_fill(1, banned.to(logits.device), float("-inf"))
     rows = [b for b, p in enumerate(params) if p.temperature != 0]
@@ -192,16 +209,37 @@ def sample_tokens(
     top = scaled.amax(dim=-1)  # NaN or all -inf: a broken forward (or all banned) is an error, not a token
     if check and not bool(torch.isfinite(top).all()):
         raise_if_unsampled([-1 if bad else 0 for bad in (~torch.isfinite(top)).tolist()], rows)
-    block = len(rows) if scaled.is_cuda else CPU_ROWS
-    picks = []
-    for lo in range(0, len(rows), block):
-        probs = torch.softmax(scaled[lo : lo + block], dim=-1)
-        race = torch.empty_like(probs)
-        for j, row in enumerate(race.unbind(0)):  # one call for the row views, not one per row
-            row.exponential_(1.0, generator=generators[rows[lo + j]])
-        picks.append(torch.div(probs, race, out=race).argmax(dim=-1))
+    if isinstance(generators, CounterDraws):
+        picks = [counter_race(scaled, [generators.seeds[b] for b in rows], [generators.steps[b] for b in rows])]
+    else:
+        picks = []
+        block = len(rows) if scaled.is_cuda else CPU_ROWS
+        for lo in range(0, len(rows), block):
+            probs = torch.softmax(scaled[lo : lo + block], dim=-1)
+            race = torch.empty_like(probs)
+            for j, row in enumerate(race.unbind(0)):  # one call for the row views, not one per row
+                row.exponential_(1.0, generator=generators[rows[lo + j]])
+            picks.append(torch.div(probs, race, out=race).argmax(dim=-1))
     picked = torch.where(torch.isfinite(top), torch.cat(picks), -1)
     return picked if index is None else masked.argmax(dim=-1).index_copy(0, index, picked)
+
+
+def counter_race(scaled: torch.Tensor, seeds: Sequence[int], steps: Sequence[int]) -> torch.Tensor:
+    """:func:`vlrl.engines.race_kernel.race_argmax` of ``scaled`` ``[n, V]`` with the rows' seeds and draw numbers
+    (moved to the device by one :func:`on_device` copy)."""
+    from vlrl.engines.race_kernel import race_argmax  # Triton: imported where the race runs
+
+    keys = on_device([*seeds, *steps], scaled.device)
+    return race_argmax(scaled, keys[: len(seeds)], keys[len(seeds) :])
+
+
+def on_device(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``; on CUDA copied from pinned memory, so the host does not wait for
+    the work already queued there (a pageable copy would: the pipelined decode's next forward)."""
+    host = torch.tensor(values, dtype=torch.long)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def raise_if_unsampled(tokens: Sequence[int], rows: Sequence[int]) -> None:
