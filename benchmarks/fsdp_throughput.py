@@ -29,7 +29,6 @@ import itertools
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch_profiles import profiled  # this script's folder is on sys.path[0]
 
 
 def parse() -> argparse.Namespace:
@@ -150,12 +150,7 @@ def worker(args) -> None:
             for key, value in took.items():
                 times[key].append(value)
     peak = torch.cuda.max_memory_allocated() / 2**30 if d.device.startswith("cuda") else None
-    # The caching allocator over the timed steps: retries (a failed allocation that freed the cache) and device
-    # mallocs / frees mean it ran out of cached blocks; the peak reserved shows how close to the device it got.
-    allocator = None
-    if d.device.startswith("cuda"):
-        allocator = {k: v - counts[k] for k, v in _alloc_counts().items()}
-        allocator["reserved_peak_gib"] = torch.cuda.max_memory_reserved() / 2**30
+    allocator = _allocator_since(counts) if d.device.startswith("cuda") else None
     if args.profile:  # one more update, after the timed ones (the profiler's overhead stays out of them)
         profile = {
             "logprobs": profiled(lambda: trainer.logprobs(local), d)[1],
@@ -197,50 +192,17 @@ def timed_step(model, trainer, local, d, dtype: torch.dtype) -> tuple[dict[str, 
     return took | {"step_s": t[-1] - t[0]}, metrics, after
 
 
+def _allocator_since(counts: dict[str, int]) -> dict:
+    """The caching allocator over the timed steps: retries (a failed allocation that freed the cache) and device
+    mallocs / frees mean it ran out of cached blocks; the peak reserved shows how close to the device it got."""
+    return {k: v - counts[k] for k, v in _alloc_counts().items()} | {
+        "reserved_peak_gib": torch.cuda.max_memory_reserved() / 2**30
+    }
+
+
 def _alloc_counts() -> dict[str, int]:
     stats = torch.cuda.memory_stats()
     return {k: int(stats.get(k, 0)) for k in ("num_alloc_retries", "num_device_alloc", "num_device_free")}
-
-
-def profiled(fn, d, top: int = 25) -> tuple:
-    """``fn()`` under torch.profiler: its result, and the ``top`` ops by self CPU time and by self device
-    time (``{op: [calls, self_ms]}``), vlrl's / FSDP's / the optimizer's ranges, the wall time and the
-    device's busy time (all kernels and copies: how much of the wall the device worked)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if d.device.startswith("cuda") else [])
-    with profile(activities=activities) as prof:
-        t0 = time.perf_counter()
-        out = fn()
-        if d.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
-    events = prof.key_averages()
-
-    def table(key: str) -> dict:
-        ranked = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:top]
-        return {e.key: [e.count, round(getattr(e, key) / 1e3, 3)] for e in ranked}
-
-    device_key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
-    total_device = device_key.replace("self_", "")
-    labels: dict[str, list] = {}  # vlrl's and FSDP's ranges (all blocks' summed), the optimizer: whole times
-    for e in events:
-        if e.key.startswith(("vlrl.", "FSDP::", "Optimizer.")):
-            key = re.sub(r" (\(.*\)|for .*)$", "", e.key)
-            row = labels.setdefault(key, [0, 0.0, 0.0])
-            row[0] += e.count
-            row[1] += e.cpu_time_total / 1e3
-            row[2] += getattr(e, total_device, 0) / 1e3
-    labels = {k: [c, round(cpu, 3), round(dev, 3)] for k, (c, cpu, dev) in labels.items()}
-    busy = sum(getattr(e, device_key) for e in events if e.device_type == DeviceType.CUDA) / 1e3
-    return out, {
-        "wall_ms": round(wall * 1e3, 3),
-        "device_busy_ms": round(busy, 3),
-        "self_cpu_ms": table("self_cpu_time_total"),
-        "self_device_ms": table(device_key),
-        "labels": labels,
-    }
 
 
 def update_by_group(before: dict | None, after: dict | None) -> dict:
@@ -370,8 +332,6 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory() as tmp:
         if args.plain and args.rounds > 1:
-            from fsdp_vs_plain import paired_rounds  # this script's folder is on sys.path[0]
-
             result.update(paired_rounds(args, tmp, result))
         else:
             result["fsdp"] = summary(launch(args, "fsdp", args.nproc, _fresh(tmp, "fsdp")))
@@ -385,6 +345,30 @@ def main() -> None:
         if args.compare_one_rank:
             result.update(compare_one_rank(args, result["fsdp"], tmp))
     print(write(result, args.out))
+
+
+def paired_rounds(args, tmp: str, result: dict) -> dict:
+    """FSDP and plain launched ``args.rounds`` times each, alternating which goes first: the step times of one
+    process drift with its host (benchmarks/fsdp_vs_plain.py interleaves the two in one process instead). ``fsdp`` /
+    ``plain``: the first launch of each (the single-round shape); ``rounds``:
+    each round's medians and ratio; ``fsdp_over_plain_step_time``: the median of every timed FSDP step over the
+    median of every timed plain step."""
+    rounds: list[dict] = []
+    steps: dict[str, list[float]] = {"fsdp": [], "plain": []}
+    for r in range(args.rounds):
+        order = ("fsdp", "plain") if r % 2 == 0 else ("plain", "fsdp")
+        this: dict = {"order": list(order)}
+        for mode in order:
+            s = summary(launch(args, mode, args.nproc if mode == "fsdp" else 1, _fresh(tmp, f"{mode}_{r}")))
+            result.setdefault(mode, s)
+            steps[mode] += s["ranks"][0]["step_s"]
+            this[mode] = {k: s[k] for k in ("step_s_median", "logprobs_s_median", "update_s_median")}
+            this[f"{mode}_step_s"] = s["ranks"][0]["step_s"]
+        this["fsdp_over_plain_step_time"] = this["fsdp"]["step_s_median"] / this["plain"]["step_s_median"]
+        rounds.append(this)
+        ratio = statistics.median(steps["fsdp"]) / statistics.median(steps["plain"])
+        write({**result, "rounds": rounds, "fsdp_over_plain_step_time": ratio}, args.out)  # each round kept
+    return {"rounds": rounds, "fsdp_over_plain_step_time": ratio}
 
 
 def write(result: dict, out: str | None) -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import fsdp_throughput as ft  # this script's folder is on sys.path[0]
 import torch
+from torch_profiles import profiled
 
 
 def parse() -> argparse.Namespace:
@@ -69,14 +70,15 @@ def main() -> None:
     for step in range(args.warmup + args.steps):
         for side in ("fsdp", "plain") if step % 2 == 0 else ("plain", "fsdp"):
             model, trainer, dd = sides[side]
-            took, metrics, _ = ft.timed_step(model, trainer, batch, dd, dtype)
+            took, metrics, weights = ft.timed_step(model, trainer, batch, dd, dtype)
+            del weights  # the gathered copy (4.4 GB for the 2b model) does not stay through the other side's step
             losses[side].append(metrics["loss"])
             if step >= args.warmup:
                 for key, value in took.items():
                     times[side].setdefault(key, []).append(value)
     result = summary(args, d, times, losses)
     if args.profile:  # after the timed pairs: the profiler's overhead stays out of them
-        result["profile"] = {side: ft.profiled(lambda s=s: s[1].sft_step(batch), s[2])[1] for side, s in sides.items()}
+        result["profile"] = {side: profiled(lambda s=s: s[1].sft_step(batch), s[2])[1] for side, s in sides.items()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k not in ("profile", "fsdp", "plain")}, indent=2))
@@ -111,29 +113,6 @@ def summary(args, d, times: dict, losses: dict) -> dict:
         "loss_max_abs_diff": max(abs(a - b) for a, b in zip(losses["fsdp"], losses["plain"], strict=True)),
         **{side: {**t, **{f"{k}_median": statistics.median(v) for k, v in t.items()}} for side, t in times.items()},
     }
-
-
-def paired_rounds(args, tmp: str, result: dict) -> dict:
-    """FSDP and plain launched ``args.rounds`` times each, alternating which goes first (``fsdp_throughput.py``'s
-    ``--plain --rounds``). ``fsdp`` / ``plain``: the first launch of each (the single-round shape); ``rounds``:
-    each round's medians and ratio; ``fsdp_over_plain_step_time``: the median of every timed FSDP step over the
-    median of every timed plain step."""
-    rounds: list[dict] = []
-    steps: dict[str, list[float]] = {"fsdp": [], "plain": []}
-    for r in range(args.rounds):
-        order = ("fsdp", "plain") if r % 2 == 0 else ("plain", "fsdp")
-        this: dict = {"order": list(order)}
-        for mode in order:
-            s = ft.summary(ft.launch(args, mode, args.nproc if mode == "fsdp" else 1, ft._fresh(tmp, f"{mode}_{r}")))
-            result.setdefault(mode, s)
-            steps[mode] += s["ranks"][0]["step_s"]
-            this[mode] = {k: s[k] for k in ("step_s_median", "logprobs_s_median", "update_s_median")}
-            this[f"{mode}_step_s"] = s["ranks"][0]["step_s"]
-        this["fsdp_over_plain_step_time"] = this["fsdp"]["step_s_median"] / this["plain"]["step_s_median"]
-        rounds.append(this)
-        ratio = statistics.median(steps["fsdp"]) / statistics.median(steps["plain"])
-        ft.write({**result, "rounds": rounds, "fsdp_over_plain_step_time": ratio}, args.out)  # each round kept
-    return {"rounds": rounds, "fsdp_over_plain_step_time": ratio}
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ environment: there these skip, and the GPU suite runs them)."""
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -21,10 +22,10 @@ DEVICES = [pytest.param("cpu", id="cpu-interpreter"), pytest.param("cuda", id="c
 @pytest.fixture
 def race_argmax(device):
     if device == "cpu":
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("triton was imported without its interpreter in this process (its own kernels are compiled)")
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is first imported
     pytest.importorskip("triton")
-    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("triton's interpreter is off in this process")
     from vlrl.engines.race_kernel import race_argmax
 
     return race_argmax
@@ -46,6 +47,31 @@ def test_a_rows_draw_depends_on_its_seed_and_draw_number_only(race_argmax, devic
     assert batch == alone == [dict(zip(order, shuffled.tolist()))[b] for b in range(6)]
     later = race_argmax(scaled, *keys(seeds, [s + 1 for s in steps], device)).tolist()
     assert later != batch, "the next draw of every request gave the same tokens"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("at", [0, 2047, 2048, 4100, 4999])
+def test_the_argmax_is_found_in_any_block_of_the_vocabulary(race_argmax, device, at):
+    """One finite entry: it is the token, whichever block of the kernel's loop holds it (blocks of 2,048)."""
+    scaled = torch.full((2, 5000), float("-inf"))
+    scaled[:, at] = 0.0
+    scaled[1, (at + 1) % 5000] = -0.5  # a second candidate: still one of the two, never an entry outside the set
+    picks = race_argmax(scaled.to(device), *keys([3, 4], [0, 0], device)).tolist()
+    assert picks[0] == at and picks[1] in (at, (at + 1) % 5000)
+
+
+@pytest.mark.gpu
+def test_a_peaked_distribution_over_the_whole_vocabulary_picks_its_peak():
+    """At the Qwen vocabulary (151,936) with one logit 0 and the rest -30, the rest carry 1.4e-8 of the mass: an
+    error in the noise near U = 1 (E rounded to 0) would let an arbitrary token win about once a row."""
+    pytest.importorskip("triton")
+    from vlrl.engines.race_kernel import race_argmax
+
+    n, vocab = 20_000, 151_936
+    scaled = torch.full((1, vocab), -30.0, device="cuda").expand(n, vocab).contiguous()
+    scaled[:, 77_777] = 0.0
+    picks = race_argmax(scaled, torch.full((n,), 9, device="cuda"), torch.arange(n, device="cuda"))
+    assert int((picks != 77_777).sum()) <= 2
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -96,3 +122,11 @@ def test_the_engine_keeps_a_requests_tokens_whatever_its_batch(race_argmax, devi
     np.testing.assert_allclose(together[1].logprobs, alone.logprobs, atol=1e-5)
     other = engine.generate([ps["single"]], SamplingParams(temperature=1.0, max_tokens=12, seed=124, ignore_eos=True))
     assert other[0].token_ids != alone.token_ids
+
+
+def test_an_engine_refuses_a_race_it_cannot_run(tiny):
+    from vlrl.engines.embedded import EmbeddedEngine
+
+    b = tiny("qwen2_5_vl")
+    with pytest.raises(ValueError, match="race must be 'generator' or 'counter', not 'philox'"):
+        EmbeddedEngine(b.model, b.tokenizer, race="philox")  # type: ignore[arg-type]

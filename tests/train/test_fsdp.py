@@ -43,7 +43,7 @@ def assert_same_steps(a: list[dict], b: list[dict], keys=("loss", "grad_norm")) 
 
 def test_two_processes_take_the_one_process_steps(one, two):
     assert_same_steps(phase(one, "sft"), phase(two, "sft"))
-    per_module = ("grad_norm/language", "grad_norm/vision")  # each rank's shard squares, summed over ranks
+    per_module = ("grad_norm/language", "grad_norm/vision")  # every rank's shards: clip_gradients sums their squares
     assert_same_steps(
         phase(one, "rl"), phase(two, "rl"), keys=("loss", "grad_norm", *per_module, "entropy", "reward_mean")
     )

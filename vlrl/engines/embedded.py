@@ -31,6 +31,7 @@ from vlrl.engines import reuse
 from vlrl.engines.requests import DecodeRequest
 from vlrl.engines.sampling import (
     CounterDraws,
+    check_race,
     contract_logprobs,
     effective_temperature,
     fp32_head,
@@ -85,6 +86,7 @@ class EmbeddedEngine:
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.gather_s, self.gather_cap_s, self.pipelined, self.race = gather_s, gather_cap_s, pipelined, race
+        check_race(race, self.device)
         self.max_context = max_context or int(model.config.text_config.max_position_embeddings)
         gen_eos = getattr(model.generation_config, "eos_token_id", None)
         eos = gen_eos if gen_eos is not None else tokenizer.eos_token_id
@@ -223,8 +225,8 @@ class EmbeddedEngine:
         head = fp32_head(self.model.get_output_embeddings())  # cast once per batch, not once per step
         logits, attn, next_pos, cache = self._prefill(requests, head)
         active = list(range(len(requests)))  # request index of each batch row
-        gens = [request_generator(r.params, device) for r in requests]
         seeds = [request_seed(r.params) for r in requests] if self.race == "counter" else None
+        gens = [request_generator(r.params, device) for r in requests] if seeds is None else []
         # On the device once: a CPU tensor moved in the loop is a pageable copy, which syncs the stream each step.
         temps = torch.tensor([effective_temperature(r.params.temperature) for r in requests], device=device)
         banned = self.banned_ids.to(device)

@@ -32,12 +32,13 @@ def _race(scaled_ptr, row_stride, seeds_ptr, steps_ptr, out_ptr, V, BLOCK: tl.co
     best_i = 0
     for start in range(0, V, BLOCK):
         cols = start + tl.arange(0, BLOCK)
-        x = tl.load(scaled_ptr + row * row_stride + cols, mask=cols < V, other=-float("inf"))
+        x = tl.load(scaled_ptr + row.to(tl.int64) * row_stride + cols, mask=cols < V, other=-float("inf"))
         word = cols.to(tl.uint32)
         zero = word * 0
         bits, _, _, _ = tl.philox(seed, word, zero + step, zero, zero)
         u = tl.uint_to_uniform_float(bits)  # [0, 1); 0 gives E = inf: that entry cannot win
-        score = x - tl.log(-tl.log(u))
+        # E >= 1e-30 as torch's exponential_ clamps: near u = 1, E is ~6e-8, and a log rounded to 0 would make it win
+        score = x - tl.log(tl.maximum(-tl.log(u), 1e-30))
         m = tl.max(score, axis=0)
         i = tl.argmax(score, axis=0)
         take = m > best  # a tie keeps the earlier block: the first index, as torch.argmax

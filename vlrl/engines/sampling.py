@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +26,17 @@ class CounterDraws:
 
     seeds: Sequence[int]
     steps: Sequence[int]
+
+
+def check_race(race: str, device: torch.device) -> None:
+    """Refuse a race the engine cannot run, in one line: ``race`` is ``generator`` or ``counter``, and ``counter`` (a
+    Triton kernel) needs triton and a CUDA device, or Triton's interpreter (``TRITON_INTERPRET=1``) on a CPU."""
+    if race not in ("generator", "counter"):
+        raise ValueError(f"race must be 'generator' or 'counter', not {race!r}")
+    if race == "counter" and importlib.util.find_spec("triton") is None:
+        raise ValueError("race='counter' needs triton (a Triton kernel), which is not installed")
+    if race == "counter" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"race='counter' runs on CUDA (or on a CPU under TRITON_INTERPRET=1), not on {device}")
 
 
 def request_seed(params: SamplingParams) -> int:
@@ -174,7 +187,7 @@ def sample_tokens(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
     banned: torch.Tensor,
-    generators: Sequence[torch.Generator | None] | CounterDraws,
+    draws: Sequence[torch.Generator | None] | CounterDraws,
     check: bool = True,
 ) -> torch.Tensor:
     """Pick one token per row. logits ``[B, V]`` raw fp32; ``banned`` ``[n]`` ids never to be picked.
@@ -182,12 +195,13 @@ def sample_tokens(
     Returns ``[B]`` int64. A sampled row whose logits are not finite (NaN, or all -inf) raises here with ``check``;
     without it the row's token is -1 and the caller raises (:func:`raise_if_unsampled`) once it reads the tokens, so
     nothing here waits for the device. Greedy rows take the argmax of the banned-masked logits; sampled rows draw from
-    softmax(truncate(masked / T)) with their own generator (reproducible per request), as ``torch.multinomial(probs,
-    1, generator=g)`` draws: argmax(probs / q), q ~ Exp(1) from ``g`` over the row. The rows are drawn together —
-    one exponential fill per row, the rest batched (on a CPU in blocks of :data:`CPU_ROWS`) — where one multinomial
-    per row cost a host sync and ~6 kernels a row each step (16,384 of them for 256 requests of 64 tokens). The
-    tokens are the same either way (``tests/foundation/test_sampling.py``; on CUDA ``benchmarks/sampler_speed.py``).
-    With :class:`CounterDraws` for ``generators`` the whole race is one kernel (:mod:`vlrl.engines.race_kernel`).
+    softmax(truncate(masked / T)) with their own generator in ``draws`` (reproducible per request), as
+    ``torch.multinomial(probs, 1, generator=g)`` draws: argmax(probs / q), q ~ Exp(1) from ``g`` over the row. The
+    rows are drawn together — one exponential fill per row, the rest batched (on a CPU in blocks of :data:`CPU_ROWS`)
+    — where one multinomial per row cost a host sync and ~6 kernels a row each step (16,384 of them for 256 requests
+    of 64 tokens). The tokens are the same either way (``tests/foundation/test_sampling.py``; on CUDA
+    ``benchmarks/sampler_speed.py``). With :class:`CounterDraws` for ``draws`` the whole race is one kernel
+    (:mod:`vlrl.engines.race_kernel`).
     """
     masked = logits.float().index_fill(1, banned.to(logits.device), float("-inf"))
     rows = [b for b, p in enumerate(params) if p.temperature != 0]
@@ -209,8 +223,8 @@ def sample_tokens(
     top = scaled.amax(dim=-1)  # NaN or all -inf: a broken forward (or all banned) is an error, not a token
     if check and not bool(torch.isfinite(top).all()):
         raise_if_unsampled([-1 if bad else 0 for bad in (~torch.isfinite(top)).tolist()], rows)
-    if isinstance(generators, CounterDraws):
-        picks = [counter_race(scaled, [generators.seeds[b] for b in rows], [generators.steps[b] for b in rows])]
+    if isinstance(draws, CounterDraws):
+        picks = [counter_race(scaled, [draws.seeds[b] for b in rows], [draws.steps[b] for b in rows])]
     else:
         picks = []
         block = len(rows) if scaled.is_cuda else CPU_ROWS
@@ -218,7 +232,7 @@ def sample_tokens(
             probs = torch.softmax(scaled[lo : lo + block], dim=-1)
             race = torch.empty_like(probs)
             for j, row in enumerate(race.unbind(0)):  # one call for the row views, not one per row
-                row.exponential_(1.0, generator=generators[rows[lo + j]])
+                row.exponential_(1.0, generator=draws[rows[lo + j]])
             picks.append(torch.div(probs, race, out=race).argmax(dim=-1))
     picked = torch.where(torch.isfinite(top), torch.cat(picks), -1)
     return picked if index is None else masked.argmax(dim=-1).index_copy(0, index, picked)

@@ -243,6 +243,8 @@ def clip_gradients(model: torch.nn.Module, max_norm: float) -> dict[str, float]:
     against 27 ms for the plain model's tensors; benchmarks/results/fsdp_h100/bb8455e). Here a sharded
     gradient is read as its local shard, the squares of every group are summed over ranks in one collective,
     and the host syncs once. Norms are summed in float64 (``clip_grad_norm_`` sums bf16 gradients' norms in bf16).
+    The gradients are on one device; under FSDP every rank has gradients in the same module groups (FSDP2's
+    reduce-scatter gives every rank a shard of every gradient), as the one collective needs.
     """
     by_group: dict[str, list[torch.Tensor]] = {}
     for name, p in model.named_parameters():  # a tied weight once
@@ -257,13 +259,13 @@ def clip_gradients(model: torch.nn.Module, max_norm: float) -> dict[str, float]:
     )
     total = all_reduce_sum_(squares).sum().sqrt()
     if max_norm < math.inf:
-        coef = (max_norm / (total + 1e-6)).clamp(max=1.0).float()
+        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
         by_kind: dict[tuple, list[torch.Tensor]] = {}
         for grads in by_group.values():
             for g in grads:
                 by_kind.setdefault((g.device, g.dtype), []).append(g)
-        for (device, _), grads in by_kind.items():
-            torch._foreach_mul_(grads, coef.to(device))
+        for (device, dtype), grads in by_kind.items():  # the factor in the gradients' dtype: one fused multiply on
+            torch._foreach_mul_(grads, coef.to(device, dtype))  # CUDA (another dtype is one kernel per tensor)
     values = torch.cat([total[None], squares.sqrt()]).tolist()  # the one host sync
     return {"grad_norm": values[0]} | {f"grad_norm/{g}": v for g, v in sorted(zip(groups, values[1:]))}
 
