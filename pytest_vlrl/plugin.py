@@ -31,7 +31,6 @@ pytest_plugins = [
     "pytest_vlrl.vllm",
     "pytest_vlrl.train",
     "pytest_vlrl.report",
-    "pytest_vlrl.parallel",
 ]
 
 
