@@ -48,15 +48,15 @@ def rollout(bundle, engine):
     return RolloutGenerator(bundle.renderer, engine, cfg).run(rows)
 
 
-@pytest.mark.parametrize(
-    ("arch_name", "pipelined"),  # qwen3_vl: deepstack features reused too; pipelined: the CUDA decode order
-    [("qwen2_5_vl", False), ("qwen3_vl", False), ("qwen2_5_vl", True)],
+@pytest.mark.parametrize(  # qwen3_vl: deepstack features reused too; pipelined: the CUDA decode order; graphs:
+    ("arch_name", "pipelined", "graphs"),  # CUDA's static decode steps (vlrl.engines.graphs), here run eagerly
+    [("qwen2_5_vl", False, False), ("qwen3_vl", False, False), ("qwen2_5_vl", True, False), ("qwen2_5_vl", True, True)],
 )
 def test_reused_turns_sample_fresh_forward_logprobs_and_encode_each_image_once(
-    tiny, probe_env, monkeypatch, arch_name, pipelined
+    tiny, probe_env, monkeypatch, arch_name, pipelined, graphs
 ):
     b = tiny(arch_name)
-    engine = RecordingEngine(b.model, b.tokenizer, pipelined=pipelined)
+    engine = RecordingEngine(b.model, b.tokenizer, pipelined=pipelined, graphs=graphs)
     encoded = count_encoded_images(monkeypatch, b.model)
     trajs = rollout(b, engine)
     assert all(t.error is None for t in trajs) and max(len(t.turns) for t in trajs) == 4

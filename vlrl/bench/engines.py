@@ -97,24 +97,34 @@ def hf_generate_call(model, processor, prompts: Sequence[Any], device: str) -> C
     return call
 
 
-def engine_section(model, renderer, batch_sizes: Sequence[int], max_tokens: int, repeats: int, device: str) -> dict:
-    """``{"embedded": {n: timing}, "hf_generate": {n: timing}, "embedded_over_hf": {n: ratio}}`` per batch size.
-
-    On CUDA with Triton also ``embedded_counter`` (``EmbeddedEngine(race="counter")``: the sampler's race in one
-    kernel) and ``embedded_counter_over_hf``, timed in turn with the other two: the A/B of the two races."""
+def engine_variants(device: str) -> dict[str, dict[str, Any]]:
+    """The embedded engines timed beside ``embedded`` (the defaults), by name -> ``EmbeddedEngine`` keywords: on
+    CUDA ``embedded_eager`` (no CUDA graphs: the A/B of ``vlrl.engines.graphs``) and, with Triton,
+    ``embedded_counter`` (the sampler's race in one kernel: ``race="counter"``)."""
     import importlib.util
 
+    variants: dict[str, dict[str, Any]] = {"embedded": {}}
+    if device.startswith("cuda"):
+        variants["embedded_eager"] = {"graphs": False}
+        if importlib.util.find_spec("triton") is not None:
+            variants["embedded_counter"] = {"race": "counter"}
+    return variants
+
+
+def engine_section(model, renderer, batch_sizes: Sequence[int], max_tokens: int, repeats: int, device: str) -> dict:
+    """``{"embedded": {n: timing}, "hf_generate": {n: timing}, "embedded_over_hf": {n: ratio}}`` per batch size,
+    and for each other variant of :func:`engine_variants` its timings and ``<name>_over_hf``, all timed in turn.
+    A CUDA-graph engine captures its slots in the warm-up call (as vLLM captures at its start)."""
     import torch
 
     from vlrl.engines.embedded import EmbeddedEngine
 
-    engine = EmbeddedEngine(model, renderer.tokenizer, max_batch=max(batch_sizes))
-    counter = None
-    if device.startswith("cuda") and importlib.util.find_spec("triton") is not None:
-        counter = EmbeddedEngine(model, renderer.tokenizer, max_batch=max(batch_sizes), race="counter")
-    out: dict[str, dict[str, Any]] = {"embedded": {}, "hf_generate": {}, "embedded_over_hf": {}}
-    if counter is not None:
-        out |= {"embedded_counter": {}, "embedded_counter_over_hf": {}}
+    variants = engine_variants(device)
+    size = max(batch_sizes)
+    engines = {k: EmbeddedEngine(model, renderer.tokenizer, max_batch=size, **kw) for k, kw in variants.items()}
+    out: dict[str, dict[str, Any]] = {"hf_generate": {}}
+    for name in engines:
+        out |= {name: {}, f"{name}_over_hf": {}}
     renderer.render(workload_messages(1)[0])  # first-call costs (template compile) are not the renderer's speed
     for n in batch_sizes:
         messages = workload_messages(n)
@@ -123,21 +133,14 @@ def engine_section(model, renderer, batch_sizes: Sequence[int], max_tokens: int,
         render_s = time.perf_counter() - t0
         key = str(n)
         torch.manual_seed(0)  # HF generate's one generator (module docstring)
-        hf = hf_generate_call(model, renderer.processor, prompts, device)
-        calls = {"embedded": embedded_call(engine, prompts), "hf_generate": hf}
-        if counter is not None:
-            calls["embedded_counter"] = embedded_call(counter, prompts)
+        calls = {k: embedded_call(e, prompts) for k, e in engines.items()}
+        calls["hf_generate"] = hf_generate_call(model, renderer.processor, prompts, device)
         for call in calls.values():
             call(2)  # warm-up
         timed = alternating({k: functools.partial(c, max_tokens) for k, c in calls.items()}, repeats, device)
-        out["embedded"][key] = timed["embedded"] | {"render_seconds": round(render_s, 4)}
         out["hf_generate"][key] = timed["hf_generate"]
-        out["embedded_over_hf"][key] = round(
-            out["embedded"][key]["tok_per_s"] / out["hf_generate"][key]["tok_per_s"], 3
-        )
-        if counter is not None:
-            out["embedded_counter"][key] = timed["embedded_counter"]
-            out["embedded_counter_over_hf"][key] = round(
-                timed["embedded_counter"]["tok_per_s"] / out["hf_generate"][key]["tok_per_s"], 3
-            )
+        for name in engines:
+            out[name][key] = timed[name]
+            out[f"{name}_over_hf"][key] = round(timed[name]["tok_per_s"] / timed["hf_generate"]["tok_per_s"], 3)
+        out["embedded"][key] |= {"render_seconds": round(render_s, 4)}
     return out

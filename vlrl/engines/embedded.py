@@ -21,13 +21,14 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from vlrl.engines import reuse
+from vlrl.engines.graphs import ATTENTIONS, DecodeGraphs
 from vlrl.engines.requests import DecodeRequest
 from vlrl.engines.sampling import (
     CounterDraws,
@@ -43,6 +44,7 @@ from vlrl.engines.sampling import (
     top_k,
     top_pairs,
 )
+from vlrl.engines.steps import DynamicSteps, Steps, to_host
 from vlrl.engines.types import Engine, Generation, NamedTensors, SamplingParams
 from vlrl.errors import ContextOverflowError
 from vlrl.models.positions import mrope_positions
@@ -74,6 +76,8 @@ class EmbeddedEngine:
         gather_cap_s: float = 0.25,
         pipelined: bool | None = None,
         race: Literal["generator", "counter"] = "generator",
+        graphs: bool | None = None,
+        graph_bytes: int = 8 << 30,
     ):
         """``gather_s``: how long a batch that is not full waits for one more request before it starts (each
         arrival waits again), at most ``gather_cap_s`` in all (see :meth:`_next_batch`); 0 starts at once. 30 ms
@@ -81,7 +85,10 @@ class EmbeddedEngine:
         ``pipelined``: decode steps queued ahead of the host's reads (:meth:`_decode`); None: on CUDA only (a CPU
         computes as it is asked, so there it would only add a forward at a batch's last step). ``race``: each request's
         sampling noise from its own ``torch.Generator`` (one call per row a step), or from counters in one kernel for
-        the batch (``vlrl.engines.race_kernel``, Triton: other tokens for a seed, the same distribution)."""
+        the batch (``vlrl.engines.race_kernel``, Triton: other tokens for a seed, the same distribution).
+        ``graphs``: decode steps as CUDA graph replays over preallocated keys / values of at most ``graph_bytes``
+        (``vlrl.engines.graphs``; a larger batch steps eagerly); None: on CUDA with an SDPA attention; True on a
+        CPU runs the same static steps eagerly."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch = max_batch
@@ -101,6 +108,12 @@ class EmbeddedEngine:
         self._vision = reuse.VisionCache(image_cache_bytes)  # on the model's device: 0 bytes turns it off
         self._prefix = reuse.PrefixCache(prefix_cache_bytes)
         self._fingerprint: int | None = None
+        lm_attention = model.model.language_model.config._attn_implementation
+        if graphs is None:
+            graphs = self.device.type == "cuda" and lm_attention in ATTENTIONS
+        elif graphs and lm_attention not in ATTENTIONS:
+            raise ValueError(f"graphs=True needs attention {' or '.join(ATTENTIONS)}, the model has {lm_attention!r}")
+        self._graphs = DecodeGraphs(graph_bytes) if graphs else None
         self.stats = {"images_encoded": 0, "prefill_columns": 0, "reused_columns": 0}
 
     @classmethod
@@ -217,13 +230,13 @@ class EmbeddedEngine:
         fp32 (``fp32_logits``, as the trainer).
 
         ``pipelined`` (CUDA by default): a step's next forward is queued before the host reads the step's tokens
-        (``_to_host`` waits for their copies only), so the host's stop checks run while the device computes. A row
+        (``to_host`` waits for their copies only), so the host's stop checks run while the device computes. A row
         the step finishes was fed its last token too (unless every row ends there): that output is dropped with the
         row; the other rows' tokens are those of the step-by-step order, up to batch invariance."""
         device = self.device
         self._check_weights()
         head = fp32_head(self.model.get_output_embeddings())  # cast once per batch, not once per step
-        logits, attn, next_pos, cache = self._prefill(requests, head)
+        logits, steps = self._prefill(requests, head)
         active = list(range(len(requests)))  # request index of each batch row
         seeds = [request_seed(r.params) for r in requests] if self.race == "counter" else None
         gens = [request_generator(r.params, device) for r in requests] if seeds is None else []
@@ -243,30 +256,30 @@ class EmbeddedEngine:
             tokens = sample_tokens(logits, [r.params for r in rows], banned, own, check=False)
             contract = contract_logprobs(logits, temps, banned)
             lps = contract.gather(1, tokens.clamp(min=0)[:, None])[:, 0]
-            read = _to_host(tokens, lps, *(top_k(contract, ks) or ()))
+            read = to_host(tokens, lps, *(top_k(contract, ks) or ()))
             fed = ahead and any(len(r.ids) + 1 < r.max_new for r in rows)  # else every row ends at this token
             if fed:  # an unsampled row (-1) raises below, after this forward
-                logits, attn, next_pos = self._forward_step(tokens.clamp(min=0), attn, next_pos, cache, head)
+                logits = steps.forward(tokens.clamp(min=0))
             picked, lp_list, *top = read()
             raise_if_unsampled(picked, range(len(picked)))
             tops = top_pairs((top[0], top[1]) if top else None, ks)
             on = [requests[i].record(*step, **stop) for i, step in zip(active, zip(picked, lp_list, tops, strict=True))]
             keep = [row for row, going in enumerate(on) if going]
-            self._remember([(requests[active[row]], row) for row, going in enumerate(on) if not going], cache, fed)
+            self._remember([(requests[active[row]], row) for row, going in enumerate(on) if not going], steps, fed)
             if not keep:
                 return
             if len(keep) < len(active):  # drop finished rows from the batch and the cache
+                steps.keep(keep)
                 idx = on_device(keep, device)
-                cache.batch_select_indices(idx)
-                attn, next_pos, temps = attn[idx], next_pos[idx], temps[idx]
+                temps = temps[idx]
                 logits, tokens = (logits[idx], tokens) if fed else (logits, tokens[idx])  # fed: the new logits
                 active = [active[k] for k in keep]
             if not fed:
-                logits, attn, next_pos = self._forward_step(tokens, attn, next_pos, cache, head)
+                logits = steps.forward(tokens)
 
-    def _prefill(self, requests: list[DecodeRequest], head):
-        """The batch's prompts through the decoder (from the cached prefix on) -> the first logits ``[B, V]`` fp32,
-        the mask ``[B, W]``, the next positions ``[B]`` and the KV cache."""
+    def _prefill(self, requests: list[DecodeRequest], head) -> tuple[torch.Tensor, Steps]:
+        """The batch's prompts through the decoder (from the cached prefix on) -> the first logits ``[B, V]`` fp32
+        and the decode steps that follow (:mod:`vlrl.engines.steps`: a CUDA graph a step where ``graphs``)."""
         model = self.model
         inputs = self._prefill_inputs(requests)
         attn = inputs["attention_mask"]
@@ -274,7 +287,8 @@ class EmbeddedEngine:
         next_pos = positions.amax(dim=(0, 2)) + 1  # [B]: text after the prompt continues on all three axes
         cache, start = self._cached_prefix(requests, attn.shape[1])
         embeds, extra = self._new_embeddings(requests, inputs["input_ids"], start)
-        hidden = model.model.language_model(
+        lm = model.model.language_model
+        hidden = lm(
             inputs_embeds=embeds,
             attention_mask=attn,
             position_ids=positions[:, :, start:],
@@ -282,18 +296,11 @@ class EmbeddedEngine:
             use_cache=True,
             **extra,
         ).last_hidden_state
-        return head(hidden[:, -1]), attn, next_pos, cache
-
-    def _forward_step(
-        self, tokens: torch.Tensor, attn: torch.Tensor, next_pos: torch.Tensor, cache, head
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Feed ``tokens`` ``[B]`` -> next logits ``[B, V]`` fp32, mask ``[B, W + 1]``, next positions ``[B]``."""
-        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-        pos = next_pos.view(1, -1, 1).expand(3, -1, 1)
-        hidden = self.model.model(
-            input_ids=tokens[:, None], attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True
-        ).last_hidden_state
-        return head(hidden[:, -1]), attn, next_pos + 1
+        steps = None
+        if self._graphs is not None:
+            columns = attn.shape[1] + max(r.max_new for r in requests)
+            steps = self._graphs.steps(lm, head, cache, attn, next_pos, columns)
+        return head(hidden[:, -1]), steps or DynamicSteps(model, head, cache, attn, next_pos)
 
     def _prefill_inputs(self, requests: list[DecodeRequest]) -> dict:
         """Left-padded ``input_ids`` / ``attention_mask`` ``[B, L]`` and the batch's ``image_grid_thw``."""
@@ -341,12 +348,14 @@ class EmbeddedEngine:
         self.stats["images_encoded"] += self._vision.encoded - before
         return out
 
-    def _remember(self, finished: list[tuple[DecodeRequest, int]], cache, fed: bool) -> None:
+    def _remember(self, finished: list[tuple[DecodeRequest, int]], steps: Steps, fed: bool) -> None:
         """Keep finished rows' keys / values (each prompt and every generated token fed back) in the prefix cache;
         ``finished``: (request, batch row) pairs; ``fed``: whether the last sampled token was fed (see _decode)."""
         if self._prefix.enabled and finished:
             last = None if fed else -1
-            for entry in reuse.prefix_entries([(r.prompt, r.sampled[:last], row) for r, row in finished], cache):
+            cache, rows = steps.kv_rows([row for _, row in finished])
+            pairs = zip(finished, rows, strict=True)
+            for entry in reuse.prefix_entries([(r.prompt, r.sampled[:last], row) for (r, _), row in pairs], cache):
                 self._prefix.add(entry)
 
     # ------------------------------------------------------------------ weights
@@ -377,23 +386,6 @@ class EmbeddedEngine:
 
         with self._lock:
             return weights_checksum(self.model.named_parameters())
-
-
-def _to_host(*tensors: torch.Tensor) -> Callable[[], list[list]]:
-    """Queue device-to-host copies of a step's ``tensors`` (tokens, logprobs, ...) now; the function returned
-    waits for those copies only, not for work queued after them (the engine's next forward), and gives each tensor
-    as a list. On a CPU the lists are made when it is called."""
-    if not tensors[0].is_cuda:
-        return lambda: [t.tolist() for t in tensors]
-    host = [t.to("cpu", non_blocking=True) for t in tensors]  # pinned outputs: the copies run in stream order
-    copied = torch.cuda.Event()
-    copied.record(torch.cuda.current_stream(tensors[0].device))  # their device's stream, not the thread's default
-
-    def read() -> list[list]:
-        copied.synchronize()
-        return [h.tolist() for h in host]
-
-    return read
 
 
 if TYPE_CHECKING:  # mypy proves here that the class implements the contract
