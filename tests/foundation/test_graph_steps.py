@@ -103,3 +103,26 @@ def test_replaced_parameters_retire_the_slots(tiny):
         assert all(engine._graphs.slots[k] is not s for k, s in slots.items() if k in engine._graphs.slots)
     finally:
         norm.weight = original
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("length", [7, 1025, 1409, 2049])  # 1025 ...: where the repeated-view kernel bug struck
+def test_a_decode_step_attends_grouped_as_the_repeated_heads_do(device, length):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from vlrl.models.attention import grouped_decode, repeat_heads
+
+    g = torch.Generator(device=device).manual_seed(length)
+    q = torch.randn(6, 8, 1, 32, device=device, generator=g)
+    arena = torch.randn(2, 8, 2, length + 64, 32, device=device, generator=g)
+    k, v = arena[0, :6, :, :length], arena[1, :6, :, :length]  # a slot's view: strided rows and columns
+    mask = torch.ones(6, 1, 1, length, dtype=torch.bool, device=device)
+    mask[1, ..., :5] = False  # left padding
+    mask[3, ..., length // 2 :] = False  # columns not written yet
+    got = grouped_decode(q, k, v, mask, 0.0, 0.2)
+    with sdpa_kernel(SDPBackend.MATH):
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q, repeat_heads(k, 4), repeat_heads(v, 4), attn_mask=mask, scale=0.2
+        )
+    assert got.shape == (6, 1, 8, 32)
+    torch.testing.assert_close(got, want.transpose(1, 2), atol=2e-6, rtol=1e-5)

@@ -11,7 +11,9 @@ trainer by up to 5.5 nats — and only for the batch widths that hit the bug. Th
 because it pads on the right. ``vlrl_sdpa`` hands SDPA contiguous k/v of the full head count
 (``repeat_interleave``), so no forward of vlrl's depends on how a kernel treats zero strides; the
 batch-invariance check (``vlrl.checks.batch_invariance``) is what would catch the next kernel of this
-kind. Everything else is transformers' ``sdpa`` path (same mask function, same causal shortcut).
+kind. Everything else is transformers' ``sdpa`` path (same mask function, same causal shortcut). A decode step (one
+query row) attends with the query heads grouped by their kv head instead (:func:`grouped_decode`): the keys /
+values as they are, no copies, no zero strides.
 
 Packed rows (``vlrl.train.packing``): given ``vlrl_segments`` (the rows' lengths) the decoder's attention
 runs causally within each row (varlen); without it nothing changes.
@@ -91,9 +93,16 @@ def vlrl_sdpa_forward(
     """query ``[B, H, Lq, D]``, key / value ``[B, H_kv, Lk, D]``, mask ``[B, 1, Lq, Lk]`` bool or None
     -> (``[B, Lq, H, D]``, None), as transformers' attention functions return."""
     n_rep = query.shape[1] // key.shape[1]
+    lengths = kwargs.get(SEGMENTS)
+    if (
+        query.shape[2] == 1
+        and n_rep > 1
+        and lengths is None
+        and (attention_mask is None or attention_mask.shape[1] == 1)
+    ):
+        return grouped_decode(query, key, value, attention_mask, dropout, scaling), None
     key, value = repeat_heads(key, n_rep), repeat_heads(value, n_rep)
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    lengths = kwargs.get(SEGMENTS)
     # Packed rows (vlrl.train.packing): the decoder's causal self-attention over exactly the packed tokens
     # (any mask here is transformers' plain causal one: the packed forward gives no 2-D mask). The vision
     # tower gets the same kwargs but attends per image with is_causal=False.
@@ -105,6 +114,25 @@ def vlrl_sdpa_forward(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=is_causal
     )
     return out.transpose(1, 2).contiguous(), None
+
+
+def grouped_decode(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, dropout: float, scaling
+) -> torch.Tensor:
+    """One query per sequence (a decode step): query ``[B, H, 1, D]``, key / value ``[B, H_kv, L, D]``, mask
+    ``[B, 1, 1, L]`` or None -> ``[B, 1, H, D]``. The query heads that share a kv head become that head's query
+    rows ``[B, H_kv, H / H_kv, D]``, so SDPA reads the keys / values as they are: repeating them wrote and read
+    ``H / H_kv`` copies of every cached column at every step (8 on the 2b model), the largest memory traffic of a
+    decode step at 256 rows. The same attention per head; no zero-stride view (the mask is expanded in memory)."""
+    b, h, _, d = query.shape
+    n_rep = h // key.shape[1]
+    grouped = query.reshape(b, key.shape[1], n_rep, d)
+    if mask is not None:
+        mask = mask.expand(-1, -1, n_rep, -1).contiguous()
+    out = torch.nn.functional.scaled_dot_product_attention(
+        grouped, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
+    )
+    return out.reshape(b, h, 1, d).transpose(1, 2).contiguous()
 
 
 AttentionInterface.register(ATTENTION, vlrl_sdpa_forward)
