@@ -299,7 +299,7 @@ class EmbeddedEngine:
         steps = None
         if self._graphs is not None:
             columns = attn.shape[1] + max(r.max_new for r in requests)
-            steps = self._graphs.steps(lm, head, cache, attn, next_pos, columns)
+            steps = self._graphs.steps(model, head, cache, attn, next_pos, columns)
         return head(hidden[:, -1]), steps or DynamicSteps(model, head, cache, attn, next_pos)
 
     def _prefill_inputs(self, requests: list[DecodeRequest]) -> dict:

@@ -111,16 +111,18 @@ class DecodeGraphs:
     def clear(self) -> None:
         self.arena, self.slots, self._pool = None, {}, None
 
-    def steps(self, lm, head: Callable, cache, attn: torch.Tensor, next_pos: torch.Tensor, columns: int):
-        """:class:`GraphSteps` for a prefilled batch — ``cache`` its ``DynamicCache``, ``attn`` ``[n, W]`` its
-        mask, ``next_pos`` ``[n]``, ``columns`` its prompt width plus its most new tokens — or None when it
-        does not fit ``max_bytes``."""
+    def steps(self, model, head: Callable, cache, attn: torch.Tensor, next_pos: torch.Tensor, columns: int):
+        """:class:`GraphSteps` for a prefilled batch of ``model`` (a Qwen-VL ``...ForConditionalGeneration``) —
+        ``head`` its LM head (``fp32_head``), ``cache`` its ``DynamicCache``, ``attn`` ``[n, W]`` its mask,
+        ``next_pos`` ``[n]``, ``columns`` its prompt width plus its most new tokens — or None when it does not fit
+        ``max_bytes``."""
+        lm = model.model.language_model
         n, width = attn.shape
         rows, cols = bucket(n), -(-columns // COLUMNS) * COLUMNS
         if not self._arena_for(lm, cache, rows, cols):
             return None
         assert self.arena is not None
-        params = tuple(p.data_ptr() for p in lm.parameters())
+        params = tuple(p.data_ptr() for p in model.parameters())  # the LM head's too
         if params != self._params:  # a parameter was replaced: the graphs point at the old storage
             self.slots, self._params = {}, params
         slot = self._slot(rows, cols)
