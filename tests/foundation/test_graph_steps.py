@@ -4,12 +4,15 @@ slot its batch decodes in, as rows leave and the batch moves to smaller slots.""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 
+from vlrl.engines import graphs as graphs_module
 from vlrl.engines.embedded import EmbeddedEngine
-from vlrl.engines.graphs import COLUMNS, bucket
+from vlrl.engines.graphs import COLUMNS, DecodeGraphs, bucket
 from vlrl.engines.types import SamplingParams
 
 from .test_engine import prompts
@@ -45,6 +48,31 @@ def assert_same(got, want, atol):
 def test_slot_shapes():
     assert [bucket(n) for n in (1, 2, 3, 5, 64, 65, 256)] == [1, 2, 4, 8, 64, 128, 256]
     assert COLUMNS == 128
+
+
+def fake_cache():
+    """One layer, one kv head of width 4, fp32: 32 bytes of keys and values per (row, column)."""
+    return SimpleNamespace(layers=[SimpleNamespace(keys=torch.zeros(1, 1, 1, 4))])
+
+
+def test_the_arena_grows_to_hold_both_batches_or_else_the_new_one_alone():
+    graphs = DecodeGraphs(max_bytes=32 * 8 * 256)
+    assert graphs._arena_for(None, fake_cache(), 8, 256)
+    assert graphs._arena_for(None, fake_cache(), 4, 128) and (graphs.arena.rows, graphs.arena.cols) == (8, 256)
+    assert graphs._arena_for(None, fake_cache(), 2, 1024)  # 8 x 1024 would not fit, 2 x 1024 does
+    assert (graphs.arena.rows, graphs.arena.cols) == (2, 1024)
+    assert not graphs._arena_for(None, fake_cache(), 16, 1024)
+
+
+def test_the_least_recently_used_slot_goes_first(monkeypatch):
+    monkeypatch.setattr(graphs_module, "MAX_SLOTS", 2)
+    graphs = DecodeGraphs(max_bytes=1 << 20)
+    graphs._arena_for(None, fake_cache(), 8, 256)
+    first = graphs._slot(8, 128)
+    graphs._slot(4, 128)
+    assert graphs._slot(8, 128) is first  # used again: now the most recent
+    graphs._slot(2, 128)
+    assert list(graphs.slots) == [(8, 128), (2, 128)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -85,25 +113,62 @@ def test_graphs_refuse_an_attention_whose_mask_they_cannot_build(tiny):
 
     b = tiny("qwen2_5_vl")
     model = load_model(b.path, attention="eager")
-    with pytest.raises(ValueError, match="graphs=True needs attention vlrl_sdpa or sdpa, the model has 'eager'"):
+    with pytest.raises(ValueError, match="graphs=True: graphs need attention vlrl_sdpa or sdpa, the model has 'eager'"):
         EmbeddedEngine(model, b.tokenizer, graphs=True)
     assert EmbeddedEngine(model, b.tokenizer)._graphs is None  # the default leaves such a model eager
 
 
-def test_replaced_parameters_retire_the_slots(tiny):
+@pytest.mark.parametrize("device", DEVICES)
+def test_replaced_parameters_retire_the_slots(tiny, device):
     b = tiny("qwen2_5_vl")
-    engine = EmbeddedEngine(b.model, b.tokenizer, graphs=True, prefix_cache_bytes=0)
-    first = generate(engine, b.renderer)
-    slots = dict(engine._graphs.slots)
-    head = b.model.lm_head  # outside the language model: a captured step reads it too
+    model = b.model.to(device)
+    head = model.lm_head  # outside the language model: a captured step reads it too
     original = head.weight
     try:
-        head.weight = torch.nn.Parameter(original.detach().clone())  # same values, new storage
-        assert_same(generate(engine, b.renderer), first, atol=1e-5)
-        now = engine._graphs.slots
+        static = EmbeddedEngine(model, b.tokenizer, graphs=True, prefix_cache_bytes=0)
+        generate(static, b.renderer)
+        slots = dict(static._graphs.slots)
+        with torch.no_grad():  # other values in new storage: a graph still reading the old one would differ
+            head.weight = torch.nn.Parameter(original.detach() * 1.5)
+        eager = EmbeddedEngine(model, b.tokenizer, graphs=False, prefix_cache_bytes=0)
+        assert_same(generate(static, b.renderer), generate(eager, b.renderer), atol=1e-5)
+        now = static._graphs.slots
         assert set(now) == set(slots) and all(now[k] is not s for k, s in slots.items())
     finally:
         head.weight = original
+        b.model.to("cpu")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_slots_serve_other_widths_the_prefix_cache_and_rows_leaving_from_the_end(tiny, device):
+    b = tiny("qwen2_5_vl")
+    model = b.model.to(device)
+    ps = prompts(b.renderer)
+    calls = [  # (prompts, new tokens per row)
+        ([ps["single"], ps["multi"], ps["single"]], (6, 9, 4)),
+        ([ps["single"]] * 2, (8, 8)),  # a narrower batch in the same slot (one column block)
+        ([ps["multi"], ps["single"], ps["multi"]], (5, 7, 6)),  # prefixes cached by the first call
+        # 8 rows: the last two leave first (7 then 6 rows in the 8-row slot, then rows 0..5 again)
+        ([ps["single"], ps["multi"]] * 4, (10, 10, 10, 10, 10, 10, 3, 5)),
+    ]
+    try:
+        static = EmbeddedEngine(model, b.tokenizer, graphs=True)
+        eager = EmbeddedEngine(model, b.tokenizer, graphs=False)
+        for k, (batch_prompts, lengths) in enumerate(calls):
+            params = [
+                SamplingParams(temperature=1.0, max_tokens=n, seed=k * 10 + j, ignore_eos=True)
+                for j, n in enumerate(lengths)
+            ]
+            assert_same(static.generate(batch_prompts, params), eager.generate(batch_prompts, params), atol=1e-5)
+        assert static.stats["reused_columns"] == eager.stats["reused_columns"] > 0
+        batch_prompts, lengths = calls[0]
+        width = max(len(p.token_ids) for p in batch_prompts)
+        for keys in static._graphs.arena.keys:  # a diverged batch's keys: masked columns must not carry them on
+            keys[:, :, width:].fill_(float("nan"))
+        params = [SamplingParams(temperature=1.0, max_tokens=n, seed=j, ignore_eos=True) for j, n in enumerate(lengths)]
+        assert_same(static.generate(batch_prompts, params), eager.generate(batch_prompts, params), atol=1e-5)
+    finally:
+        b.model.to("cpu")
 
 
 @pytest.mark.parametrize("device", DEVICES)

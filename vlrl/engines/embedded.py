@@ -2,7 +2,8 @@
 
 Requests from any thread or coroutine are queued; a worker thread takes what is queued (up to ``max_batch``,
 waiting briefly for concurrent episodes' turns: :meth:`EmbeddedEngine._next_batch`) and decodes it as one
-left-padded batch with a KV cache, dropping rows as they finish. One :meth:`EmbeddedEngine.generate` call is one
+left-padded batch with a KV cache, dropping rows as they finish; on CUDA each decode step is one CUDA graph replay
+(``vlrl.engines.graphs``; the eager steps are ``vlrl.engines.steps``). One :meth:`EmbeddedEngine.generate` call is one
 unit, so its prompts share one batch (what ``vlrl.checks.batch_invariance`` relies on). Positions are explicit
 mRoPE ids from the image grids (``vlrl.models.positions``), the trainer's function. Vision placeholder ids are
 never sampled. New weights arrive in memory between batches.
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from vlrl.engines import reuse
-from vlrl.engines.graphs import ATTENTIONS, DecodeGraphs
+from vlrl.engines.graphs import DecodeGraphs, unsupported
 from vlrl.engines.requests import DecodeRequest
 from vlrl.engines.sampling import (
     CounterDraws,
@@ -87,8 +88,8 @@ class EmbeddedEngine:
         sampling noise from its own ``torch.Generator`` (one call per row a step), or from counters in one kernel for
         the batch (``vlrl.engines.race_kernel``, Triton: other tokens for a seed, the same distribution).
         ``graphs``: decode steps as CUDA graph replays over preallocated keys / values of at most ``graph_bytes``
-        (``vlrl.engines.graphs``; a larger batch steps eagerly); None: on CUDA with an SDPA attention; True on a
-        CPU runs the same static steps eagerly."""
+        (``vlrl.engines.graphs``; a larger batch steps eagerly); None: on CUDA where the model allows them
+        (``graphs.unsupported``); True on a CPU runs the same static steps eagerly."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch = max_batch
@@ -108,11 +109,11 @@ class EmbeddedEngine:
         self._vision = reuse.VisionCache(image_cache_bytes)  # on the model's device: 0 bytes turns it off
         self._prefix = reuse.PrefixCache(prefix_cache_bytes)
         self._fingerprint: int | None = None
-        lm_attention = model.model.language_model.config._attn_implementation
+        why_not = unsupported(model.model.language_model)
         if graphs is None:
-            graphs = self.device.type == "cuda" and lm_attention in ATTENTIONS
-        elif graphs and lm_attention not in ATTENTIONS:
-            raise ValueError(f"graphs=True needs attention {' or '.join(ATTENTIONS)}, the model has {lm_attention!r}")
+            graphs = self.device.type == "cuda" and why_not is None
+        elif graphs and why_not is not None:
+            raise ValueError(f"graphs=True: {why_not}")
         self._graphs = DecodeGraphs(graph_bytes) if graphs else None
         self.stats = {"images_encoded": 0, "prefill_columns": 0, "reused_columns": 0}
 

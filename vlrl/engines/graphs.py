@@ -15,7 +15,10 @@ mask, positions, layers and LM head. Spare rows (the slot's beyond the batch, or
 that no one reads; when at most half a slot's rows remain, they move to the smaller slot.
 
 Graphs stay valid while the parameters keep their storage (``update_weights`` copies in place); a replaced
-parameter re-captures. Off CUDA a slot runs the same step eagerly (how the CPU tests check it).
+parameter re-captures. At most :data:`MAX_SLOTS` shapes are kept; the arena is sized for the batches seen, within
+``max_bytes`` (past it a batch steps eagerly). A model whose step a slot cannot reproduce (another attention, sliding
+windows, a rescaled rotary: :func:`unsupported`) keeps the eager steps. Off CUDA a slot runs the same step eagerly
+(how the CPU tests check it).
 """
 
 from __future__ import annotations
@@ -36,6 +39,23 @@ WARMUP = 2
 
 ATTENTIONS = ("vlrl_sdpa", "sdpa")
 """Attention implementations whose mask is the boolean ``[B, 1, Lq, Lk]`` a slot builds (eager adds floats)."""
+
+MAX_SLOTS = 8
+"""Slots (captured shapes) kept at once, least recently used dropped first."""
+
+
+def unsupported(lm) -> str | None:
+    """Why a slot's step would not be ``lm``'s own step (None when it would): one full-attention mask for every
+    layer, positions through a rotary embedding without host-side rescaling."""
+    attention = lm.config._attn_implementation
+    if attention not in ATTENTIONS:
+        return f"graphs need attention {' or '.join(ATTENTIONS)}, the model has {attention!r}"
+    if getattr(lm, "has_sliding_layers", False) or getattr(lm.config, "use_sliding_window", False):
+        return "graphs do not build sliding-window masks, and the model has sliding-window layers"
+    rope = getattr(lm.rotary_emb, "rope_type", "default")
+    if rope != "default":
+        return f"graphs need the default rotary embedding, the model's is {rope!r}"
+    return None
 
 
 def bucket(n: int) -> int:
@@ -127,6 +147,9 @@ class DecodeGraphs:
             self.slots, self._params = {}, params
         slot = self._slot(rows, cols)
         for layer, (k, v) in enumerate(zip(slot.kv.keys, slot.kv.values)):
+            # zeroed first: masked columns weigh 0, but 0 x NaN is NaN — one diverged batch must not poison the next
+            k.zero_()
+            v.zero_()
             k[:n, :, :width].copy_(cache.layers[layer].keys)
             v[:n, :, :width].copy_(cache.layers[layer].values)
         slot.mask.zero_()
@@ -144,9 +167,12 @@ class DecodeGraphs:
         arena = self.arena
         if arena is not None and arena.shape == shape and arena.rows >= rows and arena.cols >= cols:
             return True
-        if arena is not None and arena.shape == shape:
-            rows, cols = max(rows, arena.rows), max(cols, arena.cols)
-        if 2 * len(cache.layers) * rows * heads * cols * dim * first.element_size() > self.max_bytes:
+        per_cell = 2 * len(cache.layers) * heads * dim * first.element_size()
+        if arena is not None and arena.shape == shape:  # grown to hold both, else to hold this batch alone
+            union = max(rows, arena.rows), max(cols, arena.cols)
+            if union[0] * union[1] * per_cell <= self.max_bytes:
+                rows, cols = union
+        if rows * cols * per_cell > self.max_bytes:
             return False
         self.clear()  # the old arena's memory goes before the new one's comes
         zeros = [torch.zeros(rows, heads, cols, dim, dtype=first.dtype, device=first.device) for _ in cache.layers]
@@ -161,10 +187,15 @@ class DecodeGraphs:
         return True
 
     def _slot(self, rows: int, cols: int) -> Slot:
-        slot = self.slots.get((rows, cols))
+        """The slot of that shape, made if new; the least recently used goes past :data:`MAX_SLOTS` (each holds its
+        graph's logits ``[B, V]`` fp32 and buffers; multi-turn prompts keep bringing new column counts)."""
+        slot = self.slots.pop((rows, cols), None)
         if slot is None:
             assert self.arena is not None
-            slot = self.slots[(rows, cols)] = Slot(self.arena, rows, cols)
+            slot = Slot(self.arena, rows, cols)
+            while len(self.slots) >= MAX_SLOTS:
+                del self.slots[next(iter(self.slots))]
+        self.slots[(rows, cols)] = slot  # last: the most recently used
         return slot
 
     def capture(self, slot: Slot, lm, head: Callable) -> None:
@@ -174,17 +205,21 @@ class DecodeGraphs:
         if slot.graph is not None or not slot.tokens.is_cuda:
             return
         device = slot.tokens.device
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP):
-                slot.run(lm, head)
-        torch.cuda.current_stream(device).wait_stream(side)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            slot.logits = slot.run(lm, head)
+        # on the model's device (a thread's current device is cuda:0 unless set): captured elsewhere, the graph
+        # would record nothing and every replay would return the capture run's logits
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP):
+                    slot.run(lm, head)
+            torch.cuda.current_stream(device).wait_stream(side)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            capture = torch.cuda.Stream(device)
+            with torch.cuda.graph(graph, pool=self._pool, stream=capture, capture_error_mode="thread_local"):
+                slot.logits = slot.run(lm, head)
         slot.graph = graph
 
 
@@ -218,8 +253,8 @@ class GraphSteps:
         n, slot = len(self.rows), self.slot
         if bucket(n) < slot.rows:
             self._move(bucket(n))
-        elif self.rows != list(range(n)):
-            self.index = on_device(self.rows, slot.tokens.device)
+        else:  # rows 0..n-1 again (the last rows left) need no index: a stale one would not match the tokens
+            self.index = None if self.rows == list(range(n)) else on_device(self.rows, slot.tokens.device)
 
     def _move(self, rows: int) -> None:
         """The remaining rows to the first rows of the arena and a slot of ``rows`` rows."""
