@@ -57,17 +57,17 @@ def fake_cache():
 
 def test_the_arena_grows_to_hold_both_batches_or_else_the_new_one_alone():
     graphs = DecodeGraphs(max_bytes=32 * 8 * 256)
-    assert graphs._arena_for(None, fake_cache(), 8, 256)
-    assert graphs._arena_for(None, fake_cache(), 4, 128) and (graphs.arena.rows, graphs.arena.cols) == (8, 256)
-    assert graphs._arena_for(None, fake_cache(), 2, 1024)  # 8 x 1024 would not fit, 2 x 1024 does
+    assert graphs._arena_for(fake_cache(), 8, 256)
+    assert graphs._arena_for(fake_cache(), 4, 128) and (graphs.arena.rows, graphs.arena.cols) == (8, 256)
+    assert graphs._arena_for(fake_cache(), 2, 1024)  # 8 x 1024 would not fit, 2 x 1024 does
     assert (graphs.arena.rows, graphs.arena.cols) == (2, 1024)
-    assert not graphs._arena_for(None, fake_cache(), 16, 1024)
+    assert not graphs._arena_for(fake_cache(), 16, 1024)
 
 
 def test_the_least_recently_used_slot_goes_first(monkeypatch):
     monkeypatch.setattr(graphs_module, "MAX_SLOTS", 2)
     graphs = DecodeGraphs(max_bytes=1 << 20)
-    graphs._arena_for(None, fake_cache(), 8, 256)
+    graphs._arena_for(fake_cache(), 8, 256)
     first = graphs._slot(8, 128)
     graphs._slot(4, 128)
     assert graphs._slot(8, 128) is first  # used again: now the most recent

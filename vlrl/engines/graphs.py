@@ -139,7 +139,7 @@ class DecodeGraphs:
         lm = model.model.language_model
         n, width = attn.shape
         rows, cols = bucket(n), -(-columns // COLUMNS) * COLUMNS
-        if not self._arena_for(lm, cache, rows, cols):
+        if not self._arena_for(cache, rows, cols):
             return None
         assert self.arena is not None
         params = tuple(p.data_ptr() for p in model.parameters())  # the LM head's too
@@ -159,7 +159,7 @@ class DecodeGraphs:
         self.arena.col.fill_(width)
         return GraphSteps(self, slot, n, width, lm, head)
 
-    def _arena_for(self, lm, cache, rows: int, cols: int) -> bool:
+    def _arena_for(self, cache, rows: int, cols: int) -> bool:
         """Make the arena hold ``rows`` × ``cols`` (reallocated larger when not; False past ``max_bytes``)."""
         first = cache.layers[0].keys
         _, heads, _, dim = first.shape
