@@ -13,9 +13,10 @@ CUDA vLLM 0.26 the same without the two 0.32-only flags, with the KV cache sized
   otherwise dies on ``operator torchvision::nms does not exist``) through a ``sitecustomize`` on
   ``PYTHONPATH``, written under the server's cache root (site-packages is never edited);
 - ``--enable-scale-out``: the render and token-in/token-out generate routes (403 without);
-- ``--dtype float32`` (1e-6 agreement with the trainer), ``--enforce-eager`` (start in ~20 s
-  instead of ~70 s of torch.compile), ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (engine core in the
-  API process: faster start, one process to stop);
+- ``--dtype float32`` (1e-6 agreement with the trainer); ``ServerConfig.execution`` picks how vLLM runs the
+  model: on CPU ``--enforce-eager`` (start in ~20 s instead of ~70 s of torch.compile), on CUDA full CUDA graphs of
+  the decode steps without torch.compile (see :data:`EXECUTION_FLAGS`); ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
+  (engine core in the API process: faster start, one process to stop) unless ``ServerConfig.engine_process``;
 - ``--no-mm-device-do-normalize``: render returns normalised float32 ``pixel_values``,
   bit-identical to the HF processor, instead of raw uint8 patches;
 - ``--logprobs-mode processed_logprobs``: see ``vlrl.vllm.engine`` for why;
@@ -68,6 +69,19 @@ BAN_KEY = "vlrl_ban"
 AUTH_MIDDLEWARE = "vlrl.vllm.auth.ApiKeyMiddleware"
 API_KEY_ENV = "VLLM_API_KEY"
 """vLLM reads its key from here (and vlrl's middleware too); the environment, unlike argv, is private to the user."""
+
+
+Execution = Literal["auto", "eager", "graphs", "compiled"]
+EXECUTION_FLAGS: dict[str, tuple[str, ...]] = {
+    "eager": ("--enforce-eager",),
+    "graphs": ("--compilation-config", json.dumps({"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"})),
+    "compiled": (),
+}
+"""vLLM's flags per ``ServerConfig.execution``. ``eager``: no torch.compile, no CUDA graphs (every decode step
+launches its kernels from Python: on an H200 the 2b model decoded one sequence at ~40 tok/s, vLLM's default ~420).
+``graphs``: each decode step one CUDA graph replay, prefill eager, no torch.compile (vLLM ≥ 0.11 captures full graphs
+without compiling) — most of the speed at an eager start. ``compiled``: vLLM's defaults (torch.compile, piecewise
+and full graphs): the fastest steps, minutes of compiling at a cold start."""
 
 
 class VllmServerError(VlrlError, RuntimeError):
@@ -152,6 +166,12 @@ class ServerConfig:
     """CUDA only: vLLM's start-up check wants this fraction of the GPU free (the KV cache is fixed separately)."""
     api_servers: int = 1
     """API processes on the one port (``--api-server-count``); four did not speed vlrl at 64 (NOTE.md run 30)."""
+    execution: Execution = "auto"
+    """How vLLM runs the model (:data:`EXECUTION_FLAGS`); ``auto``: ``eager`` on CPU (the only mode measured
+    there), ``graphs`` on CUDA."""
+    engine_process: bool = False
+    """Run vLLM's engine core in a process of its own (``VLLM_ENABLE_V1_MULTIPROCESSING=1``) instead of the API
+    process, so the API's request decoding and the engine's scheduling loop do not share one interpreter."""
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = field(default=())
 
@@ -160,6 +180,9 @@ class ServerConfig:
             raise VllmServerError(f"ServerConfig.api_servers must be >= 1, got {self.api_servers}")
         if not self.api_key:
             raise VllmServerError("ServerConfig.api_key is empty: the dev and weight-reload routes would be open")
+        if self.execution not in ("auto", *EXECUTION_FLAGS):
+            choices = ", ".join(("auto", *EXECUTION_FLAGS))
+            raise VllmServerError(f"ServerConfig.execution must be one of {choices}, got {self.execution!r}")
         limits = resolve_limits(
             self.model_dir,
             max_model_len=self.max_model_len,
@@ -214,7 +237,7 @@ class ServerConfig:
             str(self.max_model_len),
             *caps.launch_flags,
             *memory,
-            "--enforce-eager",
+            *self.execution_flags(caps.device),
             "--limit-mm-per-prompt",
             limits,
             "--logprobs-mode",
@@ -230,6 +253,13 @@ class ServerConfig:
             *(("--api-server-count", str(self.api_servers)) if self.api_servers > 1 else ()),
             *self.extra_args,
         ]
+
+    def execution_flags(self, device: str) -> tuple[str, ...]:
+        """vLLM's flags for :attr:`execution` on ``device`` (``cpu`` or ``cuda``)."""
+        execution = self.execution if self.execution != "auto" else ("eager" if device == "cpu" else "graphs")
+        if device == "cpu" and execution == "graphs":
+            raise VllmServerError("ServerConfig.execution='graphs' needs a CUDA vLLM; this one runs on the CPU")
+        return EXECUTION_FLAGS[execution]
 
     def env(self, caps: VllmCapabilities | None = None) -> dict[str, str]:
         caps = caps or self.capabilities()
@@ -248,7 +278,7 @@ class ServerConfig:
             {
                 "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1",
-                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if self.engine_process else "0",
                 "VLLM_SERVER_DEV_MODE": "1",
                 "VLLM_NO_USAGE_STATS": "1",
                 "DO_NOT_TRACK": "1",
