@@ -1,0 +1,137 @@
+"""vLLM's execution modes on the bench workload, in one call: raw offline ``LLM.chat`` with vLLM's defaults, the
+embedded engine, and vlrl's rollout path on servers started per mode (raw chat completions on the same server
+timed in turn with it).
+
+    python3 benchmarks/vllm_execution.py OUT.json --sizes 64,256 --max-tokens 128 --repeats 3 --modes graphs+mp,graphs
+
+A mode is ``ServerConfig.execution`` (eager, graphs, compiled), ``+mp`` for ``engine_process=True``. The JSON is
+written after each part, so a command cut by its clock keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vlrl.bench import env
+from vlrl.bench.vllm_offline import offline_section
+from vlrl.bench.vllm_paths import SERVER_ARGS, fresh_batches, raw_runner, vlrl_runner
+
+
+def server_mode(model_dir, mode: str, sizes, max_tokens: int, repeats: int, dtype: str) -> dict:
+    """One server in ``mode``; per size a warm-up batch per path, then ``repeats`` rounds of raw and vlrl in turn."""
+    from vlrl.vllm.stack import vllm_stack
+
+    execution, _, mp = mode.partition("+")
+    t0 = time.perf_counter()
+    stack = vllm_stack(
+        model_dir,
+        max_images_per_prompt=1,
+        extra_args=SERVER_ARGS,
+        dtype=dtype,
+        execution=execution,
+        engine_process=mp == "mp",
+    )
+    out: dict = {"startup_seconds": round(time.perf_counter() - t0, 2)}
+    try:
+        stack.renderer.render(fresh_batches(1, 1)[0][0])
+        raw, vlrl = raw_runner(stack, max_tokens), vlrl_runner(stack, max_tokens)
+        for n in sizes:
+            batches = iter(fresh_batches(n, 2 * (1 + repeats)))
+            raw(next(batches)), vlrl(next(batches))  # warm-ups, on images of their own
+            rounds = []
+            for _ in range(repeats):
+                row = {}
+                for name, run in (("raw", raw), ("vlrl", vlrl)):
+                    t = time.perf_counter()
+                    tokens = run(next(batches))
+                    row[name] = {"seconds": round(time.perf_counter() - t, 4), "tokens": tokens}
+                row["vlrl_over_raw"] = round(row["raw"]["seconds"] / row["vlrl"]["seconds"], 3)
+                rounds.append(row)
+            out[str(n)] = {
+                "rounds": rounds,
+                "raw_best_tok_per_s": round(max(r["raw"]["tokens"] / r["raw"]["seconds"] for r in rounds), 2),
+                "vlrl_best_tok_per_s": round(max(r["vlrl"]["tokens"] / r["vlrl"]["seconds"] for r in rounds), 2),
+                "vlrl_over_raw_median": statistics.median(r["vlrl_over_raw"] for r in rounds),
+            }
+    finally:
+        stack.close()
+    return out
+
+
+def embedded(model_dir, sizes, max_tokens: int, repeats: int, dtype: str) -> dict:
+    """``vlrl bench``'s engine section (embedded engine variants and HF generate, in turn) at ``sizes``."""
+    import torch
+
+    from vlrl.bench.engines import engine_section
+    from vlrl.models.load import load_model
+    from vlrl.render.embedded import EmbeddedRenderer
+
+    model = load_model(model_dir, dtype=getattr(torch, dtype), device="cuda")
+    renderer = EmbeddedRenderer.from_pretrained(model_dir)
+    try:
+        return engine_section(model, renderer, sizes, max_tokens, repeats, "cuda")
+    finally:
+        del model
+        torch.cuda.empty_cache()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out")
+    parser.add_argument("--sizes", default="64,256")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--modes", default="graphs+mp,graphs")
+    parser.add_argument("--parts", default="offline,embedded,modes", help="which parts, in this order")
+    args = parser.parse_args()
+    from vlrl.models.build import cached_model_dir
+
+    sizes = [int(x) for x in args.sizes.split(",")]
+    model_dir = cached_model_dir("qwen2_5_vl", "2b")
+    result: dict = {
+        "benchmark": "benchmarks/vllm_execution.py",
+        "config": vars(args),
+        "git": env.git_commit(),
+        "device_name": env.device_name("cuda"),
+        "versions": env.versions(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    out = Path(args.out)
+
+    def save() -> None:
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"saved after {list(result)[-1]}", file=sys.stderr, flush=True)
+
+    for part in args.parts.split(","):
+        t0 = time.perf_counter()
+        try:
+            if part == "offline":
+                result["offline"] = offline_section(model_dir, sizes, args.max_tokens, args.repeats, args.dtype)
+            elif part == "embedded":
+                result["embedded"] = embedded(model_dir, sizes, args.max_tokens, args.repeats, args.dtype)
+            elif part == "modes":
+                for mode in args.modes.split(","):
+                    try:
+                        result[f"server_{mode}"] = server_mode(
+                            model_dir, mode, sizes, args.max_tokens, args.repeats, args.dtype
+                        )
+                    except Exception as exc:  # noqa: BLE001 — recorded, the next mode still runs
+                        result[f"server_{mode}"] = {"error": f"{type(exc).__name__}: {str(exc)[-1500:]}"}
+                    save()
+        except Exception as exc:  # noqa: BLE001 — recorded, the other parts still run
+            result[f"{part}_error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:1500]}"
+        result[f"{part}_wall_seconds"] = round(time.perf_counter() - t0, 1)
+        save()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
