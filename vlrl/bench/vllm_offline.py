@@ -94,7 +94,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     )
     out: dict[str, Any] = {"startup_seconds": round(time.perf_counter() - t0, 2), "version": vllm.__version__}
 
-    def run(batch: list[list[dict]]) -> int:
+    def run(batch: list[list[Any]]) -> int:
         params = [
             SamplingParams(temperature=1.0, max_tokens=args.max_tokens, ignore_eos=True, seed=i)
             for i in range(len(batch))

@@ -110,18 +110,28 @@ seeded requests with the default budget), and every request here is seeded."""
 
 
 def vllm_section(
-    model_dir, batch_sizes: Sequence[int], max_tokens: int, repeats: int, turns: int, dtype: str = "float32"
+    model_dir,
+    batch_sizes: Sequence[int],
+    max_tokens: int,
+    repeats: int,
+    turns: int,
+    dtype: str = "float32",
+    execution: str = "auto",
 ) -> tuple[dict, Any]:
     """``({"raw_vllm": {n: timing}, "vlrl_vllm": {n: timing}, "startup_seconds": s}, stack)``; a batch size that
     fails is recorded as ``{"error": ...}`` (the rest still run). The server runs in ``dtype`` (the bench's,
-    as a run's server runs in the run's). The caller closes the stack."""
+    as a run's server runs in the run's) and ``execution`` (``ServerConfig.execution``). The caller closes the
+    stack."""
     from vlrl.vllm.stack import vllm_stack
 
     t0 = time.perf_counter()
-    stack = vllm_stack(model_dir, max_images_per_prompt=max(turns, 1), extra_args=SERVER_ARGS, dtype=dtype)
+    stack = vllm_stack(
+        model_dir, max_images_per_prompt=max(turns, 1), extra_args=SERVER_ARGS, dtype=dtype, execution=execution
+    )
     out: dict[str, Any] = {
         "startup_seconds": round(time.perf_counter() - t0, 2),
         "dtype": dtype,
+        "execution": execution,
         "server_args": list(SERVER_ARGS),
         "raw_vllm": {},
         "vlrl_vllm": {},

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from vlrl.algos.config import AlgoConfig, attribute_docs
 from vlrl.errors import ConfigError, MissingRecipeError
 from vlrl.train.config_values import build_table, parse_value, set_nested, table_type, toml_value
+from vlrl.vllm.server import Execution
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
@@ -136,6 +137,9 @@ class RolloutSection:
     in this process; vLLM generates from those tensors, checked against the server's renderer at start) or vllm
     (the server's render route; each image's tensors cross the wire twice). The embedded engine always renders
     embedded."""
+    vllm_execution: Execution = "auto"
+    """With engine=vllm, how the server runs the model (``vlrl.vllm.server.EXECUTION_FLAGS``): auto = eager on CPU,
+    decode steps as CUDA graphs on CUDA; compiled = vLLM's defaults (torch.compile: minutes at a cold start)."""
     eval_temperature: float = 0.0
     """Sampling temperature of evaluation (0 = greedy)."""
     logprobs_topk: int = 0

@@ -127,13 +127,13 @@ class Run:
                 max_model_len=int(model.config.text_config.max_position_embeddings),
                 dtype=c.model.dtype,  # the run's dtype: bf16 runs are served in bf16
                 renderer=c.rollout.renderer,
+                execution=c.rollout.vllm_execution,
             )
             return stack.renderer, stack.engine, stack.close
         raise ValueError(f"rollout.engine must be 'embedded' or 'vllm', got {self.cfg.rollout.engine!r}")
 
     def _probe_model(self, model):
-        """vLLM's sync is proven by a logprob probe against a whole model; a sharded policy has none on one
-        rank, so rank 0 keeps a plain copy that is loaded with the engine's weights at every sync."""
+        """A sharded rank has no whole model for vLLM's sync probe: rank 0 keeps a plain copy, loaded at each sync."""
         if not (self.dist.sharded and self.dist.is_main and self.cfg.rollout.engine == "vllm"):
             return None
         return copy.deepcopy(model).to(self.dtype).eval()

