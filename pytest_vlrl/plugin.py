@@ -31,6 +31,7 @@ pytest_plugins = [
     "pytest_vlrl.vllm",
     "pytest_vlrl.train",
     "pytest_vlrl.report",
+    "pytest_vlrl.parallel",
 ]
 
 

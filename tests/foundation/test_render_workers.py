@@ -23,9 +23,9 @@ def threads_of_a_new_thread() -> int:
 
 
 @pytest.mark.skipif(torch.get_num_threads() < 2, reason="one core: torch's default is already one thread")
-def test_render_workers_run_one_openmp_thread_each_and_leave_the_process_default(tiny):
+def test_render_workers_run_one_openmp_thread_each_and_leave_the_process_default(tiny, torch_default_threads):
     path = tiny("qwen2_5_vl").path
-    default = torch.get_num_threads()
+    default = torch.get_num_threads()  # the process default (an xdist worker's one thread is lifted here)
     narrow = EmbeddedRenderer.from_pretrained(path, workers=2)
     wide = EmbeddedRenderer.from_pretrained(path, workers=2, intra_op_threads=None)
     try:

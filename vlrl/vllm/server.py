@@ -124,7 +124,8 @@ class ServerConfig:
     kv_cache_gib: int | None = None
     api_key: str = field(default_factory=new_api_key, repr=False)
     """Sent by vlrl's client as ``Authorization: Bearer``; every route but /health and /version needs it."""
-    startup_timeout_s: float = 240.0
+    startup_timeout_s: float = field(default_factory=lambda: float(os.environ.get("VLRL_VLLM_STARTUP_TIMEOUT", 240)))
+    """Seconds to wait for ``/health`` (``$VLRL_VLLM_STARTUP_TIMEOUT``: slower or busier machines, the test workers)."""
     log_path: str | None = None
     """Server stdout+stderr; default ``<cache>/vllm/logs/server-<port>.log``."""
     cache_dir: str | None = None
