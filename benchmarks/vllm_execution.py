@@ -5,8 +5,8 @@ timed in turn with it).
     python3 benchmarks/vllm_execution.py OUT.json --sizes 64,256 --max-tokens 128 --repeats 3 --modes graphs+mp,graphs
 
 A mode is ``ServerConfig.execution`` (eager, graphs, compiled), ``+mp`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=1``
-(on CUDA vLLM 0.26 the engine core had a process of its own either way). The JSON is written after each part, so a
-command cut by its clock keeps what it measured.
+(on CUDA vLLM 0.26 the engine core had a process of its own either way), ``+apiN`` with N API processes
+(``graphs+api4``). The JSON is written after each part, so a command cut by its clock keeps what it measured.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def server_mode(model_dir, mode: str, sizes, max_tokens: int, repeats: int, dtyp
     """One server in ``mode``; per size a warm-up batch per path, then ``repeats`` rounds of raw and vlrl in turn."""
     from vlrl.vllm.stack import vllm_stack
 
-    execution, _, mp = mode.partition("+")
+    execution, *options = mode.split("+")
+    api = [int(o[3:]) for o in options if o.startswith("api")]
     t0 = time.perf_counter()
     stack = vllm_stack(
         model_dir,
@@ -37,7 +38,8 @@ def server_mode(model_dir, mode: str, sizes, max_tokens: int, repeats: int, dtyp
         extra_args=SERVER_ARGS,
         dtype=dtype,
         execution=execution,
-        extra_env=(("VLLM_ENABLE_V1_MULTIPROCESSING", "1"),) if mp == "mp" else (),
+        extra_env=(("VLLM_ENABLE_V1_MULTIPROCESSING", "1"),) if "mp" in options else (),
+        api_servers=api[0] if api else 1,
     )
     out: dict = {"startup_seconds": round(time.perf_counter() - t0, 2)}
     try:
