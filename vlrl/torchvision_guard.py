@@ -81,3 +81,17 @@ def install() -> None:
     """Put the hook first on ``sys.meta_path`` (once). A torchvision imported before it is unaffected."""
     if not any(isinstance(f, TorchvisionGuard) for f in sys.meta_path):
         sys.meta_path.insert(0, TorchvisionGuard())
+
+
+SITECUSTOMIZE = (
+    '"""Written by vlrl.torchvision_guard: vlrl\'s torchvision guard in every Python a CPU vLLM server starts."""\n'
+    "from vlrl.torchvision_guard import install\n\ninstall()\n"
+)
+
+
+def guard_site(site) -> str:
+    """Write a ``sitecustomize`` that installs the guard into the directory ``site`` (a ``pathlib.Path``, made if
+    needed) and return it as a string, for ``PYTHONPATH``: the interpreters vLLM starts itself get the guard too."""
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    return str(site)

@@ -80,8 +80,19 @@ def test_paths_are_set_against_raw_offline_vllm_where_both_ran():
     }
     _over_offline(result)
     assert result["vllm"]["over_offline"] == {"vlrl_vllm": {"64": 0.75}, "embedded": {"64": 1.5}}
-    assert "CUDA only" in _offline(BenchConfig(device="cpu"), Path("unused"))["skipped"]
-    assert "not asked" in _offline(BenchConfig(device="cuda", vllm_offline=False), Path("unused"))["skipped"]
+    assert "CUDA only" in _offline(BenchConfig(device="cpu", vllm_offline=True), Path("unused"))["skipped"]
+    assert "not asked" in _offline(BenchConfig(device="cuda"), Path("unused"))["skipped"]
+
+
+def test_an_offline_child_past_its_clock_is_killed_with_its_log_kept(tmp_path):
+    """The child runs in a session of its own and is killed whole at ``timeout_s`` (vLLM's engine process would
+    otherwise outlive it, holding the GPU); the error names the clock and keeps the log's tail."""
+    from vlrl.bench.vllm_offline import offline_section
+
+    t0 = time.perf_counter()
+    out = offline_section(tmp_path, [1], 1, 1, "float32", timeout_s=1.0)
+    assert time.perf_counter() - t0 < 30
+    assert out["error"].startswith("the child ended (killed after 1 s)") and "log_tail" in out
 
 
 def test_training_throughput_and_mfu_follow_the_stated_formula(bench):

@@ -80,6 +80,22 @@ def test_the_execution_mode_follows_the_device_unless_chosen(vlrl_model_dir):
         ServerConfig(model, execution="fast")  # type: ignore[arg-type]
 
 
+def test_the_start_up_wait_comes_from_the_environment_or_one_error(vlrl_model_dir, monkeypatch):
+    from vlrl.vllm.server import VllmServerError
+
+    model = str(vlrl_model_dir(ARCH))
+    monkeypatch.delenv("VLRL_VLLM_STARTUP_TIMEOUT", raising=False)
+    assert ServerConfig(model).startup_timeout_s == 240
+    monkeypatch.setenv("VLRL_VLLM_STARTUP_TIMEOUT", "600")
+    assert ServerConfig(model).startup_timeout_s == 600
+    for bad in ("soon", "0", "-5", "nan"):
+        monkeypatch.setenv("VLRL_VLLM_STARTUP_TIMEOUT", bad)
+        with pytest.raises(
+            VllmServerError, match=rf"\$VLRL_VLLM_STARTUP_TIMEOUT='{bad}': expected a number of seconds"
+        ):
+            ServerConfig(model)
+
+
 def test_several_api_processes_go_through_vllm_serve(vlrl_model_dir):
     from vlrl.vllm.launch import api_servers
     from vlrl.vllm.server import VllmServerError

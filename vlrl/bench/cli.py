@@ -16,7 +16,7 @@ from typing import get_args
 
 from vlrl.cli import count
 from vlrl.train.config import Kernels
-from vlrl.vllm.server import Execution
+from vlrl.vllm.config import Execution
 
 DEFAULT_OUT = "benchmarks/results/bench_{device}_{size}.json"
 
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-vllm", action="store_true", help="do not start vLLM (recorded as skipped)")
     parser.add_argument("--vllm-execution", default="auto", choices=get_args(Execution), help="the server's mode")
-    parser.add_argument("--no-vllm-offline", action="store_true", help="do not time raw offline vLLM (CUDA)")
+    parser.add_argument("--vllm-offline", action="store_true", help="also time raw offline vLLM (CUDA; +3 min)")
     parser.add_argument("--quick", action="store_true", help="tiny workloads, no vLLM: a smoke run in seconds")
     parser.add_argument("--out", default=None, help=f"JSON path (default {DEFAULT_OUT})")
 
@@ -76,7 +76,7 @@ def config_from(args: argparse.Namespace):
         "micro_batch": args.micro_batch,
     }
     fields = {"size": args.size, "arch": args.arch, "device": args.device, "dtype": args.dtype, "kernels": args.kernels}
-    fields.update(vllm_execution=args.vllm_execution, vllm_offline=not args.no_vllm_offline)
+    fields.update(vllm_execution=args.vllm_execution, vllm_offline=args.vllm_offline)
     fields.update({k: v for k, v in given.items() if v is not None})
     if args.no_vllm:
         fields["vllm"] = False

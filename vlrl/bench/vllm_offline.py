@@ -10,7 +10,7 @@ A child process because an ``LLM`` keeps its GPU memory and its engine process u
 server the bench starts next needs the memory back. Each batch is warmed up once on images of its own and timed
 on fresh ones, as :mod:`vlrl.bench.vllm_paths` times its paths.
 
-    python -m vlrl.bench.vllm_offline MODEL_DIR --dtype bfloat16 --batch-sizes 64,256 --max-tokens 128 --repeats 3
+    python -m vlrl.bench.vllm_offline MODEL_DIR --out R.json --dtype bfloat16 --batch-sizes 64,256 --max-tokens 128
 """
 
 from __future__ import annotations
@@ -18,15 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
-import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-MARK = "vlrl-offline-result: "
-"""The child's result line on stdout (vLLM logs to the same streams)."""
 
 
 def offline_section(
@@ -40,40 +38,36 @@ def offline_section(
     gpu_memory_utilization: float = 0.3,
     timeout_s: float = 480.0,
 ) -> dict[str, Any]:
-    """``{"startup_seconds", "version", "<n>": {"seconds", "tokens", "tok_per_s", "all_seconds"}}`` from the child,
-    or ``{"error": ...}`` naming why it gave none (its log tail)."""
-    argv = [
-        sys.executable,
-        "-m",
-        "vlrl.bench.vllm_offline",
-        str(model_dir),
-        "--dtype",
-        dtype,
-        "--batch-sizes",
-        ",".join(str(n) for n in batch_sizes),
-        "--max-tokens",
-        str(max_tokens),
-        "--repeats",
-        str(repeats),
-        "--kv-cache-gib",
-        str(kv_cache_gib),
-        "--gpu-memory-utilization",
-        str(gpu_memory_utilization),
-    ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired as exc:
-        return {"error": f"no result within {timeout_s:.0f} s", "log_tail": _text(exc.stdout)[-2000:]}
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith(MARK):
-            return json.loads(line[len(MARK) :])
-    tail = (done.stdout + done.stderr)[-2000:]
-    return {"error": f"the child exited with code {done.returncode} without a result", "log_tail": tail}
+    """``{"startup_seconds", "version", "<n>": {"seconds", "tokens", "tok_per_s", "all_seconds"} | {"error"}}`` from
+    the child (written after each batch size, so a child cut by ``timeout_s`` keeps what it measured), or
+    ``{"error": ..., "log_tail": ...}`` naming why it gave nothing. The child runs in a session of its own, killed
+    whole on the timeout: vLLM's engine process would otherwise outlive it, holding the GPU."""
+    from vlrl.models.build import default_cache_root
+    from vlrl.vllm.capabilities import vllm_python
 
-
-def _text(data: bytes | str | None) -> str:
-    return data.decode("utf-8", "replace") if isinstance(data, bytes) else (data or "")
+    cache = default_cache_root() / "vllm" / "offline"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        argv = [vllm_python(), "-m", "vlrl.bench.vllm_offline", str(model_dir), "--out", str(out), "--dtype", dtype]
+        argv += ["--batch-sizes", ",".join(map(str, batch_sizes)), "--max-tokens", str(max_tokens)]
+        argv += ["--repeats", str(repeats), "--kv-cache-gib", str(kv_cache_gib)]
+        argv += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+        env.update({"VLLM_CACHE_ROOT": str(cache / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
+        log = Path(tmp) / "child.log"
+        with open(log, "wb") as sink:
+            child = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            try:
+                code: int | str = child.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+                code = f"killed after {timeout_s:.0f} s"
+        result: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
+        if code != 0 or not result:
+            result["error"] = f"the child ended ({code}) with {len(result)} result fields"
+            result["log_tail"] = log.read_text(errors="replace")[-2000:]
+        return result
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -93,6 +87,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         seed=0,
     )
     out: dict[str, Any] = {"startup_seconds": round(time.perf_counter() - t0, 2), "version": vllm.__version__}
+    Path(args.out).write_text(json.dumps(out))
 
     def run(batch: list[list[Any]]) -> int:
         params = [
@@ -103,34 +98,42 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         return sum(len(o.outputs[0].token_ids) for o in outputs)
 
     for n in args.batch_sizes:
-        batches = fresh_batches(n, 1 + args.repeats)
-        run(batches[0])
-        times, tokens = [], 0
-        for batch in batches[1:]:
-            t = time.perf_counter()
-            tokens = run(batch)
-            times.append(time.perf_counter() - t)
-        best = min(times)
-        out[str(n)] = {
-            "seconds": round(best, 4),
-            "tokens": tokens,
-            "tok_per_s": round(tokens / best, 2),
-            "all_seconds": [round(t, 4) for t in times],
-        }
+        try:
+            out[str(n)] = timed(run, fresh_batches(n, 1 + args.repeats))
+        except Exception as exc:  # noqa: BLE001 — recorded per batch size, the others still run
+            out[str(n)] = {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"}
+        Path(args.out).write_text(json.dumps(out))
     return out
+
+
+def timed(run, batches: list) -> dict[str, Any]:
+    """``run(batches[0])`` as the warm-up, then each later batch timed once; the fastest kept, all listed."""
+    run(batches[0])
+    times, tokens = [], 0
+    for batch in batches[1:]:
+        t = time.perf_counter()
+        tokens = run(batch)
+        times.append(time.perf_counter() - t)
+    best = min(times)
+    return {
+        "seconds": round(best, 4),
+        "tokens": tokens,
+        "tok_per_s": round(tokens / best, 2),
+        "all_seconds": [round(t, 4) for t in times],
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vlrl.bench.vllm_offline", description=__doc__.split("\n")[0])
     parser.add_argument("model_dir")
+    parser.add_argument("--out", required=True, help="JSON result, rewritten after each batch size")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kv-cache-gib", type=int, default=16)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
-    result = measure(parser.parse_args(argv))
-    print(MARK + json.dumps(result), flush=True)
+    measure(parser.parse_args(argv))
     return 0
 
 

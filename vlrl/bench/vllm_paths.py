@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vlrl.bench.engines import best_of, workload_messages
+from vlrl.vllm.config import Execution
 
 
 def unavailable_reason(device: str) -> str | None:
@@ -116,7 +117,7 @@ def vllm_section(
     repeats: int,
     turns: int,
     dtype: str = "float32",
-    execution: str = "auto",
+    execution: Execution = "auto",
 ) -> tuple[dict, Any]:
     """``({"raw_vllm": {n: timing}, "vlrl_vllm": {n: timing}, "startup_seconds": s}, stack)``; a batch size that
     fails is recorded as ``{"error": ...}`` (the rest still run). The server runs in ``dtype`` (the bench's,

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from vlrl.algos.config import AlgoConfig, attribute_docs
 from vlrl.errors import ConfigError, MissingRecipeError
 from vlrl.train.config_values import build_table, parse_value, set_nested, table_type, toml_value
-from vlrl.vllm.server import Execution
+from vlrl.vllm.config import Execution
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 

@@ -7,7 +7,8 @@ One module per piece, each importable on its own (nothing is re-exported here: `
   (the embedded one by default, checked against the server's at start) + engine
 - ``limits``: the servers' context, images per prompt and KV cache, derived from the model and env, checked
 - ``capabilities``: ``VllmCapabilities``: the server's vLLM (version, build, routes) and the wire shapes it implies
-- ``server``: ``ServerConfig`` / ``VllmServer``: one server subprocess (flags, environment, start, stop)
+- ``config``: ``ServerConfig``: how a server runs (flags, environment, execution mode, limits, start-up wait)
+- ``server``: ``VllmServer``: one server subprocess (launch, health, log, stop); ``config``'s names importable too
 - ``auth``: the per-run API key on every route but /health and /version (server side, ``--middleware``)
 - ``client``: ``VllmClient``: pooled async HTTP with retries, failover and the API key
 - ``renderer``: ``VllmRenderer``: ``POST /v1/chat/completions/render`` -> ``RenderedPrompt``

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import TYPE_CHECKING, Literal
 
-from vlrl.vllm.server import BAN_KEY, BAN_PROCESSOR, VllmServerError
+from vlrl.vllm.config import BAN_KEY, BAN_PROCESSOR, VllmServerError
 
 if TYPE_CHECKING:
     from vlrl.vllm.client import VllmClient

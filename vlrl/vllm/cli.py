@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import get_args
+
+from vlrl.vllm.config import Execution
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,6 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="images per prompt (default: every image the context can hold)",
+    )
+    parser.add_argument(
+        "--execution",
+        default="auto",
+        choices=get_args(Execution),
+        help="how vLLM runs the model (auto: eager on CPU, decode as CUDA graphs on CUDA; compiled: vLLM's defaults)",
     )
     parser.add_argument("--log", default=None, help="server log file (default under the vlrl cache)")
 
@@ -43,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
             max_images_per_prompt=args.max_images_per_prompt,
             api_key=key,
             log_path=args.log,
+            execution=args.execution,
         )
     )
     with server:
