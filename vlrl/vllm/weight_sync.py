@@ -44,6 +44,7 @@ from typing import Any
 from vlrl.checks.bounds import bounds_for
 from vlrl.engines.types import NamedTensors
 from vlrl.render.types import RenderedPrompt
+from vlrl.vllm.capabilities import generated_logprobs
 from vlrl.vllm.checkpoint import CheckpointWriter, verify_checksums
 from vlrl.vllm.client import GENERATE, VllmClient
 from vlrl.vllm.image_cache import ServerImages
@@ -55,6 +56,7 @@ from vlrl.vllm.worker import HEAD_CHECK_TOL
 
 PROBE_TOL = bounds_for("float32").agreement.max_abs
 """The probe's default bound: fp32 agreement (runs pass their own dtype's, ``vlrl.checks.bounds``)."""
+DECODE_PROBE_TOKENS = 4
 
 
 class WeightSync:
@@ -268,21 +270,45 @@ class WeightSync:
             self._probe = dataclasses.replace(rendered, token_ids=rendered.token_ids + tuple(probe_ids(self.tokenizer)))
         return self._probe
 
+    async def _adecode(self, prompt: RenderedPrompt, url: str, n: int = DECODE_PROBE_TOKENS) -> tuple[list, list]:
+        """``n`` tokens sampled after ``prompt`` (T = 1, seed 0, no ban: full-vocabulary logprobs) and their logprobs:
+        the decode steps, which a server may run as CUDA graphs captured before the reload (``execution="graphs"``);
+        the prompt probe above runs the prefill only."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "token_ids": list(prompt.token_ids),
+            "output_mode": "tokens",
+            "sampling_params": {"max_tokens": n, "temperature": 1.0, "seed": 0, "logprobs": 0, "ignore_eos": True},
+        }
+        if prompt.n_images:
+            body["features"] = generate_features(prompt, self._image_token_id)
+        data = await self.client.post(url, GENERATE, body, what="decode probe")
+        choice = (data.get("choices") or [{}])[0]
+        ids = [int(t) for t in choice.get("token_ids") or []]
+        lps = generated_logprobs((choice.get("logprobs") or {}).get("content"), ids, await self.client.acapabilities())
+        if not ids or lps is None:
+            raise VllmServerError(f"{url}: decode probe answered garbage: {str(data)[:300]!r}")
+        return ids, lps
+
     def verify(self, model, tol: float = PROBE_TOL) -> float:
         """Max |Δ| between every live server's probe logprobs and ``model``'s; raises above ``tol``.
 
-        The probe runs the image through the vision tower and the text through the LM and its head,
-        so stale weights anywhere show up as a logprob difference."""
+        The probe runs the image through the vision tower and the text through the LM and its head (prefill), then
+        samples a few tokens (decode), so stale weights anywhere — a captured decode graph's included — show up as
+        a logprob difference."""
         prompt = self.probe_prompt()
         want = reference_logprobs(model, prompt)
         worst = 0.0
         for url in self.client.live_urls():
             got = self.probe_logprobs(prompt, url)
-            delta = max(abs(a - b) for a, b in zip(got, want))
+            ids, decoded = self.client.run(self._adecode(prompt, url))
+            extended = dataclasses.replace(prompt, token_ids=prompt.token_ids + tuple(ids))
+            want_decoded = reference_logprobs(model, extended)[-len(ids) :]
+            delta = max(abs(a - b) for a, b in zip([*got, *decoded], [*want, *want_decoded]))
             if not delta <= tol:
                 raise VllmServerError(
-                    f"weight sync at {url}: probe logprobs differ from the trainer's by {delta:.3g} "
-                    f"(> {tol:g}): the server does not hold the trainer's weights"
+                    f"weight sync at {url}: probe logprobs (prefill and decode) differ from the trainer's by "
+                    f"{delta:.3g} (> {tol:g}): the server does not hold the trainer's weights"
                 )
             worst = max(worst, delta)
         self.last_probe_delta = worst
