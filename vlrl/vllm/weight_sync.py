@@ -43,6 +43,7 @@ from typing import Any
 
 from vlrl.checks.bounds import bounds_for
 from vlrl.engines.types import NamedTensors
+from vlrl.models.tokenizer import VISION_TOKENS
 from vlrl.render.types import RenderedPrompt
 from vlrl.vllm.capabilities import generated_logprobs
 from vlrl.vllm.checkpoint import CheckpointWriter, verify_checksums
@@ -50,7 +51,7 @@ from vlrl.vllm.client import GENERATE, VllmClient
 from vlrl.vllm.image_cache import ServerImages
 from vlrl.vllm.items import generate_features
 from vlrl.vllm.renderer import VllmRenderer
-from vlrl.vllm.server import VllmServerError
+from vlrl.vllm.server import BAN_KEY, VllmServerError
 from vlrl.vllm.tensor_transfer import Transport
 from vlrl.vllm.worker import HEAD_CHECK_TOL
 
@@ -77,6 +78,7 @@ class WeightSync:
         self._writer: CheckpointWriter | None = None
         self._probe: RenderedPrompt | None = None
         self._image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+        self._banned_ids = tuple(tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS)
         self._gpus: dict[str, list[str]] = {}
         self._pushed = False  # a push since the last checkpoint sync: the merged copy is not what is served
         self.last_route: str | None = None
@@ -271,14 +273,15 @@ class WeightSync:
         return self._probe
 
     async def _adecode(self, prompt: RenderedPrompt, url: str, n: int = DECODE_PROBE_TOKENS) -> tuple[list, list]:
-        """``n`` tokens sampled after ``prompt`` (T = 1, seed 0, no ban: full-vocabulary logprobs) and their logprobs:
-        the decode steps, which a server may run as CUDA graphs captured before the reload (``execution="graphs"``);
-        the prompt probe above runs the prefill only."""
+        """``n`` tokens sampled after ``prompt`` (T = 1, seed 0, the vision ids banned as in a rollout) and their
+        logprobs: the decode steps, which a server may run as CUDA graphs captured before the reload
+        (``execution="graphs"``); the prompt probe above runs the prefill only."""
+        sp = {"max_tokens": n, "temperature": 1.0, "seed": 0, "logprobs": 0, "ignore_eos": True}
         body: dict[str, Any] = {
             "model": self.model,
             "token_ids": list(prompt.token_ids),
             "output_mode": "tokens",
-            "sampling_params": {"max_tokens": n, "temperature": 1.0, "seed": 0, "logprobs": 0, "ignore_eos": True},
+            "sampling_params": {**sp, "extra_args": {BAN_KEY: list(self._banned_ids)}},
         }
         if prompt.n_images:
             body["features"] = generate_features(prompt, self._image_token_id)
@@ -303,7 +306,7 @@ class WeightSync:
             got = self.probe_logprobs(prompt, url)
             ids, decoded = self.client.run(self._adecode(prompt, url))
             extended = dataclasses.replace(prompt, token_ids=prompt.token_ids + tuple(ids))
-            want_decoded = reference_logprobs(model, extended)[-len(ids) :]
+            want_decoded = reference_logprobs(model, extended, banned=self._banned_ids)[-len(ids) :]
             delta = max(abs(a - b) for a, b in zip([*got, *decoded], [*want, *want_decoded]))
             if not delta <= tol:
                 raise VllmServerError(
@@ -340,8 +343,9 @@ def probe_ids(tokenizer, n: int = 24) -> list[int]:
     return [t for t in ids if t not in specials][:n]
 
 
-def reference_logprobs(model, prompt: Sequence[int] | RenderedPrompt) -> list[float]:
-    """``model``'s raw (T = 1, full vocabulary) logprobs of ``prompt``'s tokens 1.. (ids or a RenderedPrompt)."""
+def reference_logprobs(model, prompt: Sequence[int] | RenderedPrompt, banned: Sequence[int] = ()) -> list[float]:
+    """``model``'s raw (T = 1) logprobs of ``prompt``'s tokens 1.. (ids or a RenderedPrompt), over the full
+    vocabulary or without the ``banned`` ids (as a server's ban leaves it)."""
     import torch
 
     from vlrl.models.positions import mm_token_type_ids
@@ -366,5 +370,7 @@ def reference_logprobs(model, prompt: Sequence[int] | RenderedPrompt) -> list[fl
             logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **kw).logits[0].float()
         finally:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+        if banned:
+            logits[:, list(banned)] = float("-inf")
         lp = torch.log_softmax(logits[:-1], -1).gather(1, ids[0, 1:, None])[:, 0]
     return lp.tolist()
