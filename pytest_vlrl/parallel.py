@@ -1,4 +1,4 @@
-"""Running the suite on pytest-xdist workers (``-n 2 --dist loadgroup``, pyproject's addopts).
+"""Running the suite on pytest-xdist workers: ``pytest -n 2 --dist loadgroup --no-loadscope-reorder``.
 
 Each test gets one ``xdist_group``, so the tests that share an expensive fixture run on one worker and
 build it once:
@@ -12,8 +12,7 @@ The marks are added in a ``tryfirst`` hook: xdist reads them in its own ``pytest
 (it appends the group to the node id), so a mark added after it would leave each worker its own vLLM servers.
 Groups are queued longest first as far as the marks tell (vLLM, then any with a ``train`` or ``slow`` test), so
 the last ones handed out are short. On a worker torch runs one intra-op thread (two workers, two cores), set
-after collection so that collection-time checks (a ``skipif`` on the thread count) see the process default —
-except the shared warm start's RL runs, which keep the default (``pytest_runtest_setup`` says why).
+after collection so that collection-time checks (a ``skipif`` on the thread count) see the process default.
 """
 
 from __future__ import annotations
@@ -92,26 +91,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     session.config.stash[_DEFAULT_THREADS] = torch.get_num_threads()
     torch.set_num_threads(1)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """The shared warm start's RL runs keep torch's default threads, as in a serial run (before their fixtures are
-    built: the warm start too). Their outcome depends on the float path: at one thread a worker's GRPO run ended
-    at eval 0.672 (< 0.9) and the Tinker loop below its bar (868fb13's CI), where the serial suite passes both —
-    the spread across seeds that the recipe's header records (issue 13). Both runners then take one path."""
-    default = item.config.stash.get(_DEFAULT_THREADS, None)
-    if default is not None and item.stash.get(_GROUP, None) in SHARED_FIXTURE_GROUPS:
-        import torch
-
-        torch.set_num_threads(default)
-
-
-def pytest_runtest_teardown(item: pytest.Item) -> None:
-    if item.config.stash.get(_DEFAULT_THREADS, None) is not None:
-        import torch
-
-        torch.set_num_threads(1)
 
 
 @pytest.fixture
