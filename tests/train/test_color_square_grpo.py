@@ -23,7 +23,8 @@ WARM_START_MAX = 0.35
     "advantage, steps, bar, gain",
     [
         # the recipe's estimator, to the bar
-        pytest.param("grpo", 60, 0.9, None, id="grpo"),
+        # 100 steps: from this warm start the run reached 0.98 at step 70 and 1.00 at 80-120 (0.67 at 60)
+        pytest.param("grpo", 100, 0.9, None, id="grpo"),
         # the other two in shorter runs: the eval reward must rise by >= 0.2 over the warm start (measured at
         # step 40 from this warm start: rloo 1.00 / 0.81 / 0.44 for run.seed 0 / 1 / 2, reinforce_pp 0.66).
         # In CI only if the budget allows (~5 min on 2 cores): marked `extra`, run with `pytest -m extra`
