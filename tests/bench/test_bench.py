@@ -85,8 +85,8 @@ def test_paths_are_set_against_raw_offline_vllm_where_both_ran():
 
 
 def test_an_offline_child_past_its_clock_is_killed_with_its_log_kept(tmp_path):
-    """The child runs in a session of its own and is killed whole at ``timeout_s`` (vLLM's engine process would
-    otherwise outlive it, holding the GPU); the error names the clock and keeps the log's tail."""
+    """A child still running at ``timeout_s`` is stopped there (its whole session: vLLM's engine process would
+    otherwise outlive it, holding the GPU), and the error names the clock and keeps the log's tail."""
     from vlrl.bench.vllm_offline import offline_section
 
     t0 = time.perf_counter()

@@ -38,7 +38,7 @@ def offline_section(
     gpu_memory_utilization: float = 0.3,
     timeout_s: float = 480.0,
 ) -> dict[str, Any]:
-    """``{"startup_seconds", "version", "<n>": {"seconds", "tokens", "tok_per_s", "all_seconds"} | {"error"}}`` from
+    """``{"startup_seconds", "version", "<n>": {"seconds", "tokens", "tok_per_s"} | {"error"}}`` from
     the child (written after each batch size, so a child cut by ``timeout_s`` keeps what it measured), or
     ``{"error": ..., "log_tail": ...}`` naming why it gave nothing. The child runs in a session of its own, killed
     whole on the timeout: vLLM's engine process would otherwise outlive it, holding the GPU."""
@@ -75,7 +75,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import vllm
     from vllm import LLM, SamplingParams
 
-    from vlrl.bench.vllm_paths import fresh_batches
+    from vlrl.bench.vllm_paths import fresh_batches, timed
 
     t0 = time.perf_counter()
     llm = LLM(
@@ -99,28 +99,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     for n in args.batch_sizes:
         try:
-            out[str(n)] = timed(run, fresh_batches(n, 1 + args.repeats))
+            out[str(n)] = timed(run, fresh_batches(n, 1 + args.repeats))  # the protocol of the server paths
         except Exception as exc:  # noqa: BLE001 — recorded per batch size, the others still run
             out[str(n)] = {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"}
         Path(args.out).write_text(json.dumps(out))
     return out
-
-
-def timed(run, batches: list) -> dict[str, Any]:
-    """``run(batches[0])`` as the warm-up, then each later batch timed once; the fastest kept, all listed."""
-    run(batches[0])
-    times, tokens = [], 0
-    for batch in batches[1:]:
-        t = time.perf_counter()
-        tokens = run(batch)
-        times.append(time.perf_counter() - t)
-    best = min(times)
-    return {
-        "seconds": round(best, 4),
-        "tokens": tokens,
-        "tok_per_s": round(tokens / best, 2),
-        "all_seconds": [round(t, 4) for t in times],
-    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
