@@ -4,6 +4,8 @@ timed in turn with it).
 
     python3 benchmarks/vllm_execution.py OUT.json --sizes 64,256 --max-tokens 128 --repeats 3 --modes graphs+mp,graphs
 
+``--parts offline,inprocess`` times vlrl's in-process vLLM engine (``vlrl.vllm.inprocess``: embedded renderer,
+token-in/token-out with the logprob contract) against raw offline in the same call, per ``--inprocess-modes``.
 A mode is ``ServerConfig.execution`` (eager, graphs, compiled), ``+mp`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=1``
 (on CUDA vLLM 0.26 the engine core had a process of its own either way), ``+apiN`` with N API processes
 (``graphs+api4``). The JSON is written after each part, so a command cut by its clock keeps what it measured.
@@ -93,7 +95,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--modes", default="graphs+mp,graphs")
-    parser.add_argument("--parts", default="offline,embedded,modes", help="which parts, in this order")
+    parser.add_argument("--parts", default="offline,embedded,modes", help="which parts (+ inprocess), in order")
+    parser.add_argument("--inprocess-modes", default="graphs", help="the inprocess part's execution modes")
     args = parser.parse_args()
     from vlrl.models.build import cached_model_dir
 
@@ -118,6 +121,17 @@ def main() -> int:
         try:
             if part == "offline":
                 result["offline"] = offline_section(model_dir, sizes, args.max_tokens, args.repeats, args.dtype)
+            elif part == "inprocess":  # vlrl's in-process vLLM engine, one child per mode (vlrl.vllm.inprocess)
+                for mode in args.inprocess_modes.split(","):
+                    r = offline_section(
+                        model_dir, sizes, args.max_tokens, args.repeats, args.dtype, path="vlrl", execution=mode
+                    )
+                    for n, t in r.items():
+                        base = result.get("offline", {}).get(n, {})
+                        if isinstance(t, dict) and "tok_per_s" in t and "tok_per_s" in base:
+                            t["over_offline"] = round(t["tok_per_s"] / base["tok_per_s"], 3)
+                    result[f"inprocess_{mode}"] = r
+                    save()
             elif part == "embedded":
                 result["embedded"] = embedded(model_dir, sizes, args.max_tokens, args.repeats, args.dtype)
             elif part == "modes":

@@ -215,7 +215,22 @@ def _offline(config: BenchConfig, model_dir: Path) -> dict[str, Any]:
     torch.cuda.empty_cache()  # the engines' cached blocks: vLLM's start-up check counts free memory
     free = torch.cuda.mem_get_info(torch.device(config.device))[0] / 2**30
     out = offline_section(model_dir, config.batch_sizes, config.max_tokens, config.repeats, config.dtype)
-    return {**out, "free_gib_before": round(free, 1)}
+    out["free_gib_before"] = round(free, 1)
+    # vlrl's in-process vLLM engine on the same requests, right after (vlrl.vllm.inprocess)
+    mine = offline_section(
+        model_dir,
+        config.batch_sizes,
+        config.max_tokens,
+        config.repeats,
+        config.dtype,
+        path="vlrl",
+        execution=config.vllm_execution,
+    )
+    for n, t in mine.items():
+        if isinstance(t, dict) and "tok_per_s" in t and "tok_per_s" in out.get(n, {}):
+            t["over_offline"] = round(t["tok_per_s"] / out[n]["tok_per_s"], 3)
+    out["vlrl_inprocess"] = mine
+    return out
 
 
 def _over_offline(result: dict[str, Any]) -> None:

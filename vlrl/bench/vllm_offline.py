@@ -6,6 +6,11 @@ URI that vLLM processes itself, all of a batch's conversations in one call, ``ig
 Only memory is set, because the bench's own process already holds the policy: the KV cache to ``kv_cache_gib``
 and the start-up check's fraction to ``gpu_memory_utilization``.
 
+``--path vlrl`` times vlrl's in-process vLLM engine (``vlrl.vllm.inprocess``) in the same way, the path a run takes
+with ``rollout.vllm_mode=inprocess``: each conversation rendered by the embedded renderer (threads), then generated
+token-in/token-out under the logprob contract with the prompt's own tensors, all of a batch concurrently; the
+engine's settings are a run's (``ServerConfig``: processed logprobs, the vision-token ban, the run's execution mode).
+
 A child process because an ``LLM`` keeps its GPU memory and its engine process until its interpreter exits; the
 server the bench starts next needs the memory back. Each batch is warmed up once on images of its own and timed
 on fresh ones, as :mod:`vlrl.bench.vllm_paths` times its paths.
@@ -37,6 +42,8 @@ def offline_section(
     kv_cache_gib: int = 16,
     gpu_memory_utilization: float = 0.3,
     timeout_s: float = 480.0,
+    path: str = "raw",
+    execution: str = "auto",
 ) -> dict[str, Any]:
     """``{"startup_seconds", "version", "<n>": {"seconds", "tokens", "tok_per_s"} | {"error"}}`` from
     the child (written after each batch size, so a child cut by ``timeout_s`` keeps what it measured), or
@@ -51,7 +58,7 @@ def offline_section(
         argv = [vllm_python(), "-m", "vlrl.bench.vllm_offline", str(model_dir), "--out", str(out), "--dtype", dtype]
         argv += ["--batch-sizes", ",".join(map(str, batch_sizes)), "--max-tokens", str(max_tokens)]
         argv += ["--repeats", str(repeats), "--kv-cache-gib", str(kv_cache_gib)]
-        argv += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
+        argv += ["--gpu-memory-utilization", str(gpu_memory_utilization), "--path", path, "--execution", execution]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
         env.update({"VLLM_CACHE_ROOT": str(cache / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
         log = Path(tmp) / "child.log"
@@ -75,8 +82,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import vllm
     from vllm import LLM, SamplingParams
 
-    from vlrl.bench.vllm_paths import fresh_batches, timed
-
+    if args.path == "vlrl":
+        return measure_vlrl(args)
     t0 = time.perf_counter()
     llm = LLM(
         model=args.model_dir,
@@ -97,6 +104,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         outputs = llm.chat(batch, sampling_params=params, use_tqdm=False)
         return sum(len(o.outputs[0].token_ids) for o in outputs)
 
+    return time_batches(run, args, out)
+
+
+def time_batches(run, args: argparse.Namespace, out: dict[str, Any]) -> dict[str, Any]:
+    """Per batch size a warm-up batch and ``repeats`` timed ones, ``out`` rewritten after each."""
+    from vlrl.bench.vllm_paths import fresh_batches, timed
+
     for n in args.batch_sizes:
         try:
             out[str(n)] = timed(run, fresh_batches(n, 1 + args.repeats))  # the protocol of the server paths
@@ -104,6 +118,54 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             out[str(n)] = {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"}
         Path(args.out).write_text(json.dumps(out))
     return out
+
+
+def measure_vlrl(args: argparse.Namespace) -> dict[str, Any]:
+    """``--path vlrl``: the in-process engine with a run's settings and the embedded renderer (module docstring)."""
+    import asyncio
+
+    import vllm
+
+    from vlrl.checks.render_agreement import check_render_agreement
+    from vlrl.engines.types import SamplingParams
+    from vlrl.render.embedded import EmbeddedRenderer
+    from vlrl.vllm.config import ServerConfig
+    from vlrl.vllm.inprocess import InprocessVllmEngine
+    from vlrl.vllm.items import codec_probe
+    from vlrl.vllm.stack import RENDER_WORKERS
+
+    t0 = time.perf_counter()
+    config = ServerConfig(
+        args.model_dir,
+        dtype=args.dtype,
+        max_images_per_prompt=1,
+        kv_cache_gib=args.kv_cache_gib,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        execution=args.execution,
+    )
+    engine = InprocessVllmEngine(config)
+    renderer = EmbeddedRenderer.from_pretrained(args.model_dir, workers=min(RENDER_WORKERS, os.cpu_count() or 1))
+    agree = check_render_agreement(renderer, engine.renderer, codec_probe(), pixel_dtype=engine.codec.pixel_dtype)
+    out: dict[str, Any] = {
+        "startup_seconds": round(time.perf_counter() - t0, 2),
+        "version": vllm.__version__,
+        "execution": args.execution,
+        "render_agreement_pixel_max_abs": agree.pixel_max_abs,
+    }
+    Path(args.out).write_text(json.dumps(out))
+
+    async def one(i: int, msgs: list) -> int:
+        prompt = await renderer.arender(msgs)
+        sp = SamplingParams(temperature=1.0, max_tokens=args.max_tokens, ignore_eos=True, seed=i)
+        return len((await engine.agenerate(prompt, sp)).token_ids)
+
+    async def all_of(batch: list) -> int:
+        return sum(await asyncio.gather(*(one(i, m) for i, m in enumerate(batch))))
+
+    try:
+        return time_batches(lambda b: asyncio.run(all_of(b)), args, out)
+    finally:
+        engine.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -116,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kv-cache-gib", type=int, default=16)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    parser.add_argument("--path", choices=("raw", "vlrl"), default="raw", help="raw LLM.chat, or vlrl in-process")
+    parser.add_argument("--execution", default="auto", help="--path vlrl: ServerConfig.execution")
     measure(parser.parse_args(argv))
     return 0
 

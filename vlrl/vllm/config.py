@@ -47,7 +47,7 @@ import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from vlrl.errors import VlrlError
 from vlrl.torchvision_guard import guard_site
@@ -66,14 +66,20 @@ STARTUP_TIMEOUT_ENV = "VLRL_VLLM_STARTUP_TIMEOUT"
 API_KEY_ENV = "VLLM_API_KEY"
 """vLLM reads its key from here (and vlrl's middleware too); the environment, unlike argv, is private to the user."""
 Execution = Literal["auto", "eager", "graphs", "compiled"]
+EXECUTION_KWARGS: dict[str, dict[str, object]] = {
+    "eager": {"enforce_eager": True},
+    "graphs": {"compilation_config": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}},
+    "compiled": {},
+}
+"""vLLM's engine arguments per ``ServerConfig.execution`` (measured: ``benchmarks/results/vllm_gpu_h100/a2de16c/``).
+``eager``: every decode step launches its kernels from Python (H100, 2b: 39 tok/s for one sequence). ``graphs``: each
+decode step one CUDA graph replay (captured in ~5 s), prefill eager, no torch.compile. ``compiled``: vLLM's defaults."""
 EXECUTION_FLAGS: dict[str, tuple[str, ...]] = {
     "eager": ("--enforce-eager",),
-    "graphs": ("--compilation-config", json.dumps({"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"})),
+    "graphs": ("--compilation-config", json.dumps(EXECUTION_KWARGS["graphs"]["compilation_config"])),
     "compiled": (),
 }
-"""vLLM's flags per ``ServerConfig.execution`` (measured: ``benchmarks/results/vllm_gpu_h100/a2de16c/``). ``eager``:
-every decode step launches its kernels from Python (H100, 2b: 39 tok/s for one sequence). ``graphs``: each decode step
-one CUDA graph replay (captured in ~5 s), prefill eager, no torch.compile. ``compiled``: vLLM's defaults."""
+"""The same as server flags."""
 
 
 class VllmServerError(VlrlError, RuntimeError):
@@ -223,6 +229,30 @@ class ServerConfig:
         if device == "cpu" and execution == "graphs":
             raise VllmServerError("ServerConfig.execution='graphs' needs a CUDA vLLM; this one runs on the CPU")
         return EXECUTION_FLAGS[execution]
+
+    def llm_kwargs(self, caps: VllmCapabilities) -> dict[str, Any]:
+        """The same engine as :meth:`argv`, as ``vllm.LLM(**kwargs)`` in this process (``vlrl.vllm.inprocess``):
+        no HTTP, so no API key, middleware or served name."""
+        assert self.kv_cache_gib is not None  # resolved in __post_init__
+        memory: dict[str, Any] = {}
+        if caps.device != "cpu":
+            memory = {"kv_cache_memory_bytes": self.kv_cache_gib * 2**30}
+            memory["gpu_memory_utilization"] = self.gpu_memory_utilization
+        execution = self.execution if self.execution != "auto" else ("eager" if caps.device == "cpu" else "graphs")
+        self.execution_flags(caps.device)  # refuses graphs on the CPU
+        return {
+            "model": str(self.model_dir),
+            "dtype": self.dtype,
+            "max_model_len": self.max_model_len,
+            "limit_mm_per_prompt": {"image": self.max_images_per_prompt, "video": 0},
+            "logprobs_mode": LOGPROBS_MODE,
+            "seed": 0,
+            "worker_extension_cls": WORKER_EXTENSION,
+            "logits_processors": [BAN_PROCESSOR],
+            **({"mm_device_do_normalize": False} if caps.new_frontend else {}),
+            **memory,
+            **EXECUTION_KWARGS[execution],
+        }
 
     def env(self, caps: VllmCapabilities | None = None) -> dict[str, str]:
         caps = caps or self.capabilities()

@@ -48,15 +48,16 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from vlrl.engines.types import Engine, Generation, NamedTensors, SamplingParams
-from vlrl.errors import BadInputError, ContextOverflowError
+from vlrl.errors import BadInputError
 from vlrl.models.tokenizer import VISION_TOKENS
 from vlrl.render.types import RenderedPrompt
 from vlrl.vllm.capabilities import VllmCapabilities, check_ban, generated_logprobs, generated_top_logprobs
 from vlrl.vllm.client import GENERATE, ClientConfig, VllmClient, require
+from vlrl.vllm.contract import finished, sampling_fields
 from vlrl.vllm.image_cache import ServerImages
 from vlrl.vllm.items import ItemCodec, codec_probe, generate_features, wire
 from vlrl.vllm.limits import model_limits
-from vlrl.vllm.server import BAN_KEY, VllmServerError
+from vlrl.vllm.server import VllmServerError
 from vlrl.vllm.weight_sync import PROBE_TOL, WeightSync
 
 
@@ -213,37 +214,13 @@ class VllmEngine:
     def request_body(self, prompt: RenderedPrompt, params: SamplingParams, codec: ItemCodec | None = None) -> dict:
         """The generate body; a prompt of the embedded renderer needs ``codec`` (its images are made into vLLM
         items lazily: :func:`vlrl.vllm.items.wire` serialises those a server does not hold)."""
-        n = len(prompt.token_ids)
-        if n == 0:
-            raise ValueError("empty prompt")
-        if n >= self.max_context:
-            raise ContextOverflowError(n, self.max_context)
-        bad = set(self.banned_ids).intersection(params.stop_token_ids)
-        if bad:
-            raise ValueError(f"stop_token_ids {sorted(bad)} are vision placeholder ids, which are never sampled")
-        truncated = params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0
-        if truncated and params.temperature > 0 and not self.allow_truncation:
-            raise ValueError(
-                "top_k/top_p/min_p: vLLM reports logprobs renormalised after truncation, which breaks "
-                "the logprob contract; build VllmEngine(allow_truncation=True) to accept that"
-            )
-        sp = {
-            "temperature": float(params.temperature),
-            "top_p": float(params.top_p),
-            "top_k": int(params.top_k),
-            "min_p": float(params.min_p),
-            "max_tokens": min(params.max_tokens, self.max_context - n),
-            "seed": params.seed,
-            "stop": list(params.stop),
-            "stop_token_ids": list(params.stop_token_ids),
-            "ignore_eos": params.ignore_eos,
-            "include_stop_str_in_output": True,
-            # 0: the sampled token's alone; else the sampled token and the top k (see the module docstring)
-            "logprobs": params.logprobs_topk + 1 if params.logprobs_topk else 0,
-            "detokenize": bool(params.stop),
-            "skip_special_tokens": True,
-            "extra_args": {BAN_KEY: list(self.banned_ids)},
-        }
+        sp = sampling_fields(
+            params,
+            prompt_len=len(prompt.token_ids),
+            max_context=self.max_context,
+            banned_ids=self.banned_ids,
+            allow_truncation=self.allow_truncation,
+        )
         return {
             "model": self.model,
             "token_ids": list(prompt.token_ids),
@@ -273,31 +250,22 @@ class VllmEngine:
             if len(top) != len(ids):
                 raise VllmServerError(f"{target} answered garbage: not {params.logprobs_topk} top logprobs a token")
         reason = c.get("finish_reason")
-        if reason not in ("stop", "length"):
-            raise VllmServerError(f"{target}: generation ended with finish_reason {reason!r} (aborted by the server?)")
         if caps.reports_stop_reason:
             stop_reason = c.get("stop_reason")
         else:
             stop_reason = self._stop_reason(ids, params) if reason == "stop" else None
-        if reason == "stop" and stop_reason is None and ids:
-            stop_reason = ids[-1]  # eos, reported like the embedded engine
-        if isinstance(stop_reason, str) and not params.include_stop_str_in_output:
-            ids, lps = self._cut_before_stop(ids, lps, stop_reason)
-            top = top[: len(ids)]
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        meta = {"server": target.rsplit(GENERATE, 1)[0]}
-        if params.temperature > 0 and (params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0):
-            meta["logprobs"] = "truncated"
-        return Generation(
-            token_ids=tuple(ids),
-            logprobs=tuple(lps),
-            finish_reason=reason,
+        return finished(
+            self.tokenizer,
+            prompt,
+            params,
+            ids=ids,
+            lps=lps,
+            top=top,
+            reason=reason,
             stop_reason=stop_reason,
-            text=text,
             weight_version=self._version(c),
-            prompt_len=len(prompt.token_ids),
-            meta=meta,
-            top_logprobs=top,
+            meta={"server": target.rsplit(GENERATE, 1)[0]},
+            where=target,
         )
 
     def _stop_reason(self, ids: list[int], params: SamplingParams) -> str | None:
@@ -314,12 +282,6 @@ class VllmEngine:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         ends = {s: text.find(s) + len(s) for s in params.stop if s and s in text}
         return min(ends, key=lambda s: ends[s]) if ends else None
-
-    def _cut_before_stop(self, ids: list[int], lps: list[float], stop: str) -> tuple[list[int], list[float]]:
-        at = self.tokenizer.decode(ids, skip_special_tokens=True).find(stop)
-        while ids and at >= 0 and len(self.tokenizer.decode(ids, skip_special_tokens=True)) > at:
-            ids, lps = ids[:-1], lps[:-1]
-        return ids, lps
 
     def _version(self, choice: dict) -> int:
         spans = choice.get("weight_versions") or []

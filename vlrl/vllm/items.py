@@ -48,10 +48,15 @@ class ItemCodec:
     """Encodes ``(pixel_values, grid)`` of one image as the server's own render would (field types and dtype
     taken from ``template``, one item that server rendered)."""
 
-    def __init__(self, template: str):
-        from vllm.entrypoints.scale_out.token_in_token_out.mm_serde import decode_mm_kwargs_item
+    def __init__(self, template: Any):
+        """``template``: one rendered item, base64 msgpack (a server's render answer) or vLLM's
+        ``MultiModalKwargsItem`` itself (an in-process render, ``vlrl.vllm.inprocess``)."""
+        if isinstance(template, str):
+            from vllm.entrypoints.scale_out.token_in_token_out.mm_serde import decode_mm_kwargs_item
 
-        item = decode_mm_kwargs_item(template)
+            item = decode_mm_kwargs_item(template)
+        else:
+            item = template
         if set(item) != {"pixel_values", "image_grid_thw"}:
             raise ValueError(
                 f"vLLM rendered an image item with fields {sorted(item)}; vlrl builds pixel_values and "
@@ -64,18 +69,22 @@ class ItemCodec:
     def encode(self, pixels, grid) -> str:
         """``pixels`` ``[n_patches, D]`` (any float dtype, cast to the server's), ``grid`` ``[3]`` int64."""
         from vllm.entrypoints.scale_out.token_in_token_out.mm_serde import encode_mm_kwargs_item
+
+        return encode_mm_kwargs_item(self.item(pixels, grid))
+
+    def item(self, pixels, grid):
+        """vLLM's ``MultiModalKwargsItem`` of one image (what :meth:`encode` serialises)."""
         from vllm.multimodal.inputs import MultiModalFieldElem, MultiModalKwargsItem
 
         pv_field = self.fields["pixel_values"]
         if hasattr(pv_field, "slices"):  # a flat field names its item's rows (one item: all of them)
             pv_field = dataclasses.replace(pv_field, slices=[[slice(0, int(pixels.shape[0]))]])
-        item = MultiModalKwargsItem(
+        return MultiModalKwargsItem(
             {
                 "pixel_values": MultiModalFieldElem(pixels.to(self.pixel_dtype).contiguous(), pv_field),
                 "image_grid_thw": MultiModalFieldElem(grid.reshape(3).contiguous(), self.fields["image_grid_thw"]),
             }
         )
-        return encode_mm_kwargs_item(item)
 
 
 @dataclass(frozen=True, eq=False)
@@ -127,17 +136,11 @@ def generate_features(prompt: RenderedPrompt, image_token_id: int, codec: ItemCo
     the embedded renderer made carries none, and its items are built from its ``pixel_values`` with ``codec``.
     Placeholders come from ``prompt.placeholders`` (never from a render answer), so a rollout may splice token
     histories and shift them; each range is checked to still cover a run of image pads."""
-    from vlrl.vllm.renderer import IMAGE_PAD, VllmImageFeature
+    from vlrl.vllm.renderer import VllmImageFeature
 
     if not prompt.n_images:
         return None
-    for k, p in enumerate(prompt.placeholders):
-        run = prompt.token_ids[p.offset : p.offset + p.length]
-        if len(run) != p.length or any(t != image_token_id for t in run):
-            raise BadInputError(
-                f"placeholder {k} ({p.offset}, {p.length}) does not cover a run of {IMAGE_PAD} "
-                "tokens in token_ids (was the prompt spliced without shifting placeholders?)"
-            )
+    check_placeholders(prompt, image_token_id)
     feats = prompt.engine_features
     if feats:
         if len(feats) != prompt.n_images or not all(isinstance(f, VllmImageFeature) for f in feats):
@@ -157,3 +160,17 @@ def generate_features(prompt: RenderedPrompt, image_token_id: int, codec: ItemCo
         "kwargs_data": {"image": items},
         "mm_metadata": {"image": metas},
     }
+
+
+def check_placeholders(prompt: RenderedPrompt, image_token_id: int) -> None:
+    """Each of the prompt's placeholder ranges covers a run of image pads (a splice that forgot to shift them
+    would otherwise feed an image's features at the wrong tokens)."""
+    from vlrl.vllm.renderer import IMAGE_PAD
+
+    for k, p in enumerate(prompt.placeholders):
+        run = prompt.token_ids[p.offset : p.offset + p.length]
+        if len(run) != p.length or any(t != image_token_id for t in run):
+            raise BadInputError(
+                f"placeholder {k} ({p.offset}, {p.length}) does not cover a run of {IMAGE_PAD} "
+                "tokens in token_ids (was the prompt spliced without shifting placeholders?)"
+            )

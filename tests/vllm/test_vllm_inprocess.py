@@ -1,0 +1,136 @@
+"""The in-process vLLM engine (``vlrl.vllm.inprocess``): the server engine's contract without a server —
+multi-turn rollouts that agree with the trainer per turn, vLLM's own render held to the embedded one, stops and
+refusals as the embedded engine, and weight pushes that vLLM then provably serves."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+import torch
+from vllm_cases import agreement_bounds, conversations
+
+from pytest_vlrl import assert_logprobs_agree
+from pytest_vlrl.vllm import require_vllm
+from vlrl.checks.render_agreement import check_render_agreement
+from vlrl.engines.types import SamplingParams
+from vlrl.errors import BadInputError
+from vlrl.render.types import PlaceholderRange
+from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
+from vlrl.train.batch import CollateSpec, collate
+from vlrl.train.forward import policy_forward
+from vlrl.vllm.config import ServerConfig, VllmServerError
+
+pytestmark = pytest.mark.vllm
+ARCH = "qwen2_5_vl"
+MESSAGES = conversations()["several_images"][0]
+ROWS = [{"prompt": None, "env_class": "maze2d/easy", "extras": {}, "seed": s} for s in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def engine(vlrl_model_dir):
+    require_vllm()
+    from vlrl.vllm.inprocess import InprocessVllmEngine
+
+    eng = InprocessVllmEngine(ServerConfig(str(vlrl_model_dir(ARCH)), kv_cache_gib=1))
+    yield eng
+    eng.close()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_multi_turn_rollout_agrees_with_trainer_per_turn(engine, tiny, temperature):
+    bundle = tiny(ARCH)
+    cfg = RolloutConfig(
+        sampling=SamplingParams(temperature=temperature, max_tokens=12, logprobs_topk=5),
+        repeats=2,
+        max_turns=3,
+        seed=11,
+        progress=False,
+    )
+    trajs = RolloutGenerator(bundle.renderer, engine, cfg).run(ROWS)
+    assert all(t.stop_reason != "engine_error" for t in trajs), [t.error for t in trajs]
+    assert max(len(t.turns) for t in trajs) == 3
+    batch = collate(trajs, CollateSpec.from_model(bundle.model))
+    with torch.no_grad():
+        out = policy_forward(bundle.model, batch, probe=True)
+    report = assert_logprobs_agree(batch, out, tokenizer=bundle.renderer.tokenizer, bounds=agreement_bounds())
+    dist = report.distribution
+    assert dist is not None and dist.n_positions == report.overall.n_tokens
+    assert dist.tie_aware_overlap_min == 1.0 and dist.vocab_kl_max <= 1e-6, dist
+    assert {t.turn for t in report.turns} >= {0, 1, 2}
+    assert all(t.stats.max_abs <= 1e-4 for t in report.turns), report.turns
+
+
+@pytest.mark.parametrize("name", ["one_image", "several_images", "multi_turn"])
+def test_vllms_render_agrees_with_the_embedded_renderer(engine, tiny, name):
+    messages = conversations()[name][0]
+    agreement = check_render_agreement(
+        tiny(ARCH).renderer, engine.renderer, messages, pixel_dtype=engine.codec.pixel_dtype
+    )
+    assert agreement.tokens > 0 and agreement.pixel_max_abs <= agreement.pixel_bound
+
+
+def test_stops_seeds_and_refusals_as_the_embedded_engine(engine, tiny):
+    bundle = tiny(ARCH)
+    prompt = bundle.renderer.render(MESSAGES)
+    base = engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True))[0]
+    stop_str = base.text[len(base.text) // 2 : len(base.text) // 2 + 2]
+    cases = [
+        SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, stop=(stop_str,)),
+        SamplingParams(
+            temperature=0.0, max_tokens=32, ignore_eos=True, stop=(stop_str,), include_stop_str_in_output=False
+        ),
+        SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, stop_token_ids=(base.token_ids[5],)),
+    ]
+    got, want = engine.generate([prompt] * 3, cases), bundle.engine.generate([prompt] * 3, cases)
+    for g, w in zip(got, want):
+        assert (g.token_ids, g.text, g.finish_reason, g.stop_reason) == (
+            w.token_ids,
+            w.text,
+            w.finish_reason,
+            w.stop_reason,
+        )
+    assert stop_str in got[0].text and stop_str not in got[1].text
+    params = [SamplingParams(temperature=1.0, max_tokens=8, seed=s) for s in (1, 2, 1)]
+    sync = engine.generate([prompt] * 3, params)
+    assert sync[0].token_ids == sync[2].token_ids != sync[1].token_ids
+
+    async def many():
+        return await asyncio.gather(*(engine.agenerate(prompt, p) for p in params))
+
+    assert [g.token_ids for g in asyncio.run(many())] == [g.token_ids for g in sync]
+    with pytest.raises(ValueError, match="allow_truncation"):
+        engine.generate([prompt], SamplingParams(top_k=5))
+    bad = dataclasses.replace(
+        prompt, placeholders=tuple(PlaceholderRange(p.offset + 1, p.length) for p in prompt.placeholders)
+    )
+    with pytest.raises(BadInputError, match="does not cover"):
+        engine.generate([bad], SamplingParams(max_tokens=2))
+    assert engine.generate([prompt], SamplingParams(max_tokens=2))[0].token_ids  # the engine lives on
+
+
+def test_pushed_weights_are_served_and_proved(engine, tiny):
+    """Last here: it changes the engine's weights (and puts them back)."""
+    model = tiny(ARCH).model
+    assert engine.verify_weights(model) <= 1e-4
+    name = next(n for n, _ in model.named_parameters() if n.endswith("layers.0.self_attn.q_proj.weight"))
+    original = dict(model.named_parameters())[name].detach().clone()
+    version = engine.weight_version
+    try:
+        with torch.no_grad():
+            dict(model.named_parameters())[name].mul_(1.5)
+        assert engine.update_weights({name: dict(model.named_parameters())[name]}) == version + 1
+        assert engine.verify_weights(model) <= 1e-4  # vLLM serves the scaled layer
+        with torch.no_grad():
+            dict(model.named_parameters())[name].copy_(original)
+        with pytest.raises(VllmServerError, match="does not hold the trainer's weights"):
+            engine.verify_weights(model)
+    finally:
+        with torch.no_grad():
+            dict(model.named_parameters())[name].copy_(original)
+        engine.update_weights({name: original}, reference_model=model)
+    assert engine.weight_version == version + 2 and engine.last_sync_s is not None
+    assert engine.generate([tiny(ARCH).renderer.render(MESSAGES)], SamplingParams(max_tokens=2))[0].weight_version == (
+        version + 2
+    )
