@@ -110,6 +110,34 @@ def test_stops_seeds_and_refusals_as_the_embedded_engine(engine, tiny):
     assert engine.generate([prompt], SamplingParams(max_tokens=2))[0].token_ids  # the engine lives on
 
 
+def test_requests_arriving_apart_are_added_before_the_first_step(engine, tiny, monkeypatch):
+    """Episodes submit a few ms apart (their renders finish so): the driver adds them together, so vLLM does not run
+    a prefill step for each (the driver's docstring has the measurement); a lone request still starts."""
+    import time
+
+    events: list[str] = []
+    real = engine._driver.engine
+    add, step = real.add_request, real.step
+    monkeypatch.setattr(real, "add_request", lambda *a, **k: (events.append("add"), add(*a, **k))[1])
+    monkeypatch.setattr(real, "step", lambda: (events.append("step"), step())[1])
+    prompt = tiny(ARCH).renderer.render(MESSAGES)
+
+    async def apart(n: int):
+        async def one(k: int):
+            await asyncio.sleep(0.005 * k)  # 5 ms apart, within gather_s of each other
+            return await engine.agenerate(prompt, SamplingParams(temperature=1.0, max_tokens=4, seed=k))
+
+        return await asyncio.gather(*(one(k) for k in range(n)))
+
+    gens = asyncio.run(apart(6))
+    assert all(len(g.token_ids) == 4 for g in gens)
+    assert events[:6] == ["add"] * 6 and events[6] == "step", events[:10]
+    events.clear()
+    t0 = time.monotonic()
+    assert asyncio.run(apart(1))[0].token_ids
+    assert events[:2] == ["add", "step"] and time.monotonic() - t0 < 5.0
+
+
 def test_pushed_weights_are_served_and_proved(engine, tiny):
     """Last here: it changes the engine's weights (and puts them back)."""
     model = tiny(ARCH).model

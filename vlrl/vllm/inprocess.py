@@ -13,7 +13,8 @@ worker extension, the run's limits and execution mode):
 - prompts are ``token_ids`` + each image as vLLM's item built from the prompt's own ``pixel_values``
   (``vlrl.vllm.items.ItemCodec``, layout read off one item this vLLM rendered), keyed by vlrl's image hash;
 - one driver thread owns the ``LLMEngine``: it adds requests, steps, and answers futures, so ``generate`` (a
-  batch) and ``agenerate`` (from any event loop) share one continuous batch; weight reloads and cache resets run on
+  batch) and ``agenerate`` (from any event loop) share one continuous batch; requests arriving one by one are
+  gathered a few ms and added together (``vlrl.vllm.driver``); weight reloads and cache resets run on
   it too, once in-flight requests have finished (as the server's ``/pause?mode=wait``);
 - weights: on the GPU the trainer's tensors are pushed by the worker extension's ``vlrl_reload_from_tensors``
   (``vlrl.vllm.tensor_transfer``: CUDA IPC handles, nothing through disk or host); on the CPU (and for partial
@@ -56,8 +57,16 @@ the dev routes or ``OMP_NUM_THREADS``, which would reach the trainer."""
 class InprocessVllmEngine:
     """:class:`vlrl.engines.types.Engine` over a ``vllm.LLM`` in this process (module docstring)."""
 
-    def __init__(self, config: ServerConfig, *, allow_truncation: bool = False):
-        """Starts vLLM with ``config``'s settings (``ServerConfig.llm_kwargs``); the stack checks its renderer."""
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        allow_truncation: bool = False,
+        gather_s: float = 0.03,
+        gather_cap_s: float = 0.25,
+    ):
+        """Starts vLLM with ``config``'s settings (``ServerConfig.llm_kwargs``). ``gather_s`` / ``gather_cap_s``:
+        how long requests arriving one by one are held to be added together (``vlrl.vllm.driver.Driver``)."""
         from transformers import AutoTokenizer
         from vllm import LLM
 
@@ -90,7 +99,7 @@ class InprocessVllmEngine:
             None  # CheckpointWriter: the served checkpoint + merged updates (the checkpoint route)
         )
         self._pushed = False  # a full push since: the merged copy is not what vLLM serves
-        self._driver = Driver(self.llm.llm_engine)
+        self._driver = Driver(self.llm.llm_engine, gather_s=gather_s, gather_cap_s=gather_cap_s)
         self.renderer = InprocessRenderer(self.llm, self.tokenizer, self.caps, run=self._driver.call)
         self.codec = ItemCodec(self.renderer.render(codec_probe()).engine_features[0])
         self._check_ban()
@@ -116,8 +125,11 @@ class InprocessVllmEngine:
             },
         )
 
-    def submit(self, prompt: RenderedPrompt, params: SamplingParams = SamplingParams()) -> Future:
-        """One request into the running batch; the future holds vLLM's ``RequestOutput``."""
+    def submit(
+        self, prompt: RenderedPrompt, params: SamplingParams = SamplingParams(), *, waits: bool = True
+    ) -> Future:
+        """One request into the running batch; the future holds vLLM's ``RequestOutput``. ``waits``: gathered with
+        others arriving (``vlrl.vllm.driver``); ``False`` adds it, and every request held, at once."""
         from vllm import SamplingParams as VllmSampling
         from vllm.sampling_params import RequestOutputKind
 
@@ -129,7 +141,7 @@ class InprocessVllmEngine:
             allow_truncation=self.allow_truncation,
         )
         sp = VllmSampling(**fields, output_kind=RequestOutputKind.FINAL_ONLY)
-        return self._driver.submit(self.engine_input(prompt), sp)
+        return self._driver.submit(self.engine_input(prompt), sp, waits=waits)
 
     def generate(
         self, prompts: Sequence[RenderedPrompt], params: SamplingParams | Sequence[SamplingParams] = SamplingParams()
@@ -139,7 +151,7 @@ class InprocessVllmEngine:
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
-        futures = [self.submit(p, sp) for p, sp in zip(prompts, params)]
+        futures = [self.submit(p, sp, waits=k < len(prompts) - 1) for k, (p, sp) in enumerate(zip(prompts, params))]
         return [self.generation(f.result(), p, sp) for f, p, sp in zip(futures, prompts, params)]
 
     async def agenerate(self, prompt: RenderedPrompt, params: SamplingParams = SamplingParams()) -> Generation:
@@ -181,10 +193,10 @@ class InprocessVllmEngine:
         """vLLM applies the vision-token ban (its logits processor): a greedy token, banned, must change."""
         prompt = RenderedPrompt(tuple(self.tokenizer.encode("Hi", add_special_tokens=False)), None, None, (), ())
         greedy = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-        first = self.submit(prompt, greedy).result().outputs[0].token_ids[0]
+        first = self.submit(prompt, greedy, waits=False).result().outputs[0].token_ids[0]
         banned, self.banned_ids = self.banned_ids, (first,)
         try:
-            again = self.submit(prompt, greedy).result().outputs[0].token_ids[0]
+            again = self.submit(prompt, greedy, waits=False).result().outputs[0].token_ids[0]
         finally:
             self.banned_ids = banned
         if again == first:
@@ -316,7 +328,7 @@ class InprocessVllmEngine:
         from vllm import SamplingParams as VllmSampling
 
         sp = VllmSampling(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
-        out = self._driver.submit(self.engine_input(prompt), sp).result()
+        out = self._driver.submit(self.engine_input(prompt), sp, waits=False).result()
         ids = list(prompt.token_ids)
         return [float(e[t].logprob) for t, e in zip(ids[1:], out.prompt_logprobs[1:])]
 
