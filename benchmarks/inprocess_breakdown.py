@@ -45,7 +45,8 @@ def main() -> int:
     parser.add_argument("--sizes", default="64,256")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--variants", default="chat,chat_vlrl_params,render,generate,path")
+    parser.add_argument("--variants", default="chat,chat_vlrl_params,render,generate,path", help="run in this order")
+    parser.add_argument("--gather-cap", type=float, default=0.25, help="InprocessVllmEngine(gather_cap_s=)")
     args = parser.parse_args()
     from vlrl.bench.vllm_paths import fresh_batches  # vlrl first: its torchvision guard before vLLM's import
     from vlrl.engines.types import SamplingParams
@@ -65,9 +66,10 @@ def main() -> int:
         gpu_memory_utilization=0.3,
         execution=args.execution,
     )
-    engine = InprocessVllmEngine(cfg)
+    engine = InprocessVllmEngine(cfg, gather_cap_s=args.gather_cap)
     renderer = EmbeddedRenderer.from_pretrained(model_dir, workers=min(8, os.cpu_count() or 1))
     result: dict = {"startup_seconds": round(engine.startup_seconds, 1), "execution": args.execution}
+    result["gather_cap_s"] = args.gather_cap
     out = Path(args.out)
     n_tok = args.max_tokens
 
@@ -109,7 +111,8 @@ def main() -> int:
         ("generate", generate, lambda b: asyncio.run(render_all(b))),
         ("path", lambda b: asyncio.run(path_all(b)), None),
     ]
-    variants = [v for v in variants if v[0] in args.variants.split(",")]
+    by_name = {v[0]: v for v in variants}
+    variants = [by_name[name] for name in args.variants.split(",")]  # in the order asked
     for n in [int(x) for x in args.sizes.split(",")]:
         pool = fresh_batches(n, len(variants) * (1 + args.repeats))
         for k, (name, run, prepare) in enumerate(variants):
