@@ -137,6 +137,9 @@ class RolloutSection:
     in this process; vLLM generates from those tensors, checked against the server's renderer at start) or vllm
     (the server's render route; each image's tensors cross the wire twice). The embedded engine always renders
     embedded."""
+    vllm_mode: Literal["server", "inprocess"] = "server"
+    """With engine=vllm, where vLLM runs: server (its own process, token-in/token-out over HTTP) or inprocess (a
+    ``vllm.LLM`` in the trainer's process: ``vlrl.vllm.inprocess``; the same contract and checks, no HTTP)."""
     vllm_execution: Execution = "auto"
     """With engine=vllm, how the server runs the model (``vlrl.vllm.server.EXECUTION_FLAGS``): auto = eager on CPU,
     decode steps as CUDA graphs on CUDA; compiled = vLLM's defaults (torch.compile: minutes at a cold start)."""

@@ -118,18 +118,18 @@ class Run:
             return EmbeddedRenderer.from_pretrained(self.model_dir), engine, lambda: None
         if self.cfg.rollout.engine == "vllm":
             from vlrl.vllm.limits import episode_images
-            from vlrl.vllm.stack import vllm_stack
+            from vlrl.vllm.stack import rollout_stack
 
-            c = self.cfg  # the server's limits come from the run: images an episode holds, the model's context
-            stack = vllm_stack(
+            c = self.cfg  # vLLM's limits come from the run: images an episode holds, the model's context
+            return rollout_stack(
                 self.model_dir,
+                mode=c.rollout.vllm_mode,
                 max_images_per_prompt=episode_images(c.data.env, c.data.extras, c.rollout.max_turns),
                 max_model_len=int(model.config.text_config.max_position_embeddings),
                 dtype=c.model.dtype,  # the run's dtype: bf16 runs are served in bf16
                 renderer=c.rollout.renderer,
                 execution=c.rollout.vllm_execution,
             )
-            return stack.renderer, stack.engine, stack.close
         raise ValueError(f"rollout.engine must be 'embedded' or 'vllm', got {self.cfg.rollout.engine!r}")
 
     def _probe_model(self, model):

@@ -208,6 +208,11 @@ class InprocessVllmEngine:
     def weight_version(self) -> int:
         return self.version
 
+    @property
+    def weights(self) -> InprocessVllmEngine:
+        """How the last sync went (``last_route``, ``last_sync_s``), where ``VllmEngine.weights`` keeps it."""
+        return self
+
     def update_weights(self, named_tensors: NamedTensors, version: int | None = None, *, reference_model=None) -> int:
         """Reload vLLM's weights from the trainer's, checksums compared before and after, caches reset; with
         ``reference_model`` proved by the probe. Every parameter on the GPU: pushed as CUDA IPC handles

@@ -146,3 +146,28 @@ def _start(cfg: ServerConfig, n: int) -> tuple[VllmServer, ...]:
             s.stop()
         raise
     return tuple(servers)
+
+
+def rollout_stack(model_dir, *, mode: Literal["server", "inprocess"] = "server", renderer: RendererChoice, **kwargs):
+    """``(renderer, engine, close)`` for a run's rollouts (``rollout.vllm_mode``): :func:`vllm_stack`'s servers, or
+    the in-process engine (``vlrl.vllm.inprocess``) with the embedded renderer held to vLLM's own at start, as here.
+    ``kwargs``: ``ServerConfig``'s (limits, dtype, execution)."""
+    if mode == "server":
+        stack = vllm_stack(model_dir, renderer=renderer, **kwargs)
+        return stack.renderer, stack.engine, stack.close
+    if mode != "inprocess":
+        raise ValueError(f"rollout.vllm_mode must be 'server' or 'inprocess', got {mode!r}")
+    from vlrl.render.embedded import EmbeddedRenderer
+    from vlrl.vllm.inprocess import InprocessVllmEngine
+    from vlrl.vllm.items import codec_probe
+
+    engine = InprocessVllmEngine(ServerConfig(str(model_dir), **kwargs))
+    try:
+        if renderer == "vllm":
+            return engine.renderer, engine, engine.close
+        local = EmbeddedRenderer.from_pretrained(model_dir, workers=min(RENDER_WORKERS, os.cpu_count() or 1))
+        check_render_agreement(local, engine.renderer, codec_probe(), pixel_dtype=engine.codec.pixel_dtype)
+        return local, engine, engine.close
+    except BaseException:
+        engine.close()
+        raise
