@@ -111,8 +111,8 @@ def test_stops_seeds_and_refusals_as_the_embedded_engine(engine, tiny):
 
 
 def test_requests_arriving_apart_are_added_before_the_first_step(engine, tiny, monkeypatch):
-    """Episodes submit a few ms apart (their renders finish so): the driver adds them together, so vLLM does not run
-    a prefill step for each (the driver's docstring has the measurement); a lone request still starts."""
+    """Episodes submit a few ms apart (their renders finish so): the driver adds each as it comes and steps only
+    once they stop coming (the driver's docstring says why); a lone request still starts."""
     import time
 
     events: list[str] = []

@@ -2,8 +2,9 @@
 
 vLLM's ``LLMEngine`` is not thread-safe, and a rollout asks for generations from many coroutines and threads at
 once: every use of the engine goes through this thread. Requests join the running batch as they come (continuous
-batching, as the server's engine loop does); a call made ``when_idle`` (a weight reload, a cache reset) waits for
-the requests before it to finish, and holds later ones behind it, as a server's ``/pause?mode=wait``.
+batching, as the server's engine loop does; stepping waits while a burst of them arrives: ``Driver``); a call
+made ``when_idle`` (a weight reload, a cache reset) waits for the requests before it to finish, and holds later
+ones behind it, as a server's ``/pause?mode=wait``.
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ from vlrl.vllm.config import VllmServerError
 class Driver:
     """The one thread that uses the ``LLMEngine``: jobs in, one step at a time, futures out.
 
-    Requests from ``submit(..., waits=True)`` (one rollout request at a time) are held until none has arrived for
-    ``gather_s``, ``gather_cap_s`` at most after the first, then added together; a batch (``waits=False``, the last
-    of a ``generate`` call) releases everything held at once. Concurrent episodes render on the renderer's threads
-    and submit a few ms apart: added as they came, every step while they trickle in held a prefill, and vLLM runs
-    such steps eagerly outside its decode graphs (H200, 2b, 256 requests: render + generate concurrently 6.69 s,
-    against 0.92 s rendering and 3.85 s generating one after the other;
-    ``benchmarks/results/vllm_gpu_h100/inprocess/``). The embedded engine gathers by the same rule
-    (``EmbeddedEngine._next_batch``)."""
+    Every request is added to the engine as it comes (on CUDA vLLM's engine core, a process of its own, starts on it
+    at once), but while requests from ``submit(..., waits=True)`` keep arriving — less than ``gather_s`` apart,
+    ``gather_cap_s`` at most after the first — the driver does not step: a step here is the front end's share
+    (pulling outputs, their logprobs in Python), which held the GIL against the renderer's threads while episodes'
+    renders landed one by one. So a burst of renders runs as ``LLM.chat`` runs its own: render and add all, then
+    collect. A batch (``waits=False``, the last request of a ``generate`` call) steps at once. Measured before this
+    rule (H200, 2b, 256 requests; ``benchmarks/results/vllm_gpu_h100/inprocess/``): render + generate concurrently
+    6.69 s, against 0.92 s rendering and 3.85 s generating one after the other; gathering the adds instead (30 ms,
+    250 ms cap): 6.05 s. The embedded engine gathers by the same numbers (``EmbeddedEngine._next_batch``)."""
 
     def __init__(self, engine, *, gather_s: float = 0.03, gather_cap_s: float = 0.25):
         self.engine = engine
@@ -57,13 +59,15 @@ class Driver:
         self.thread.join(timeout=60)
 
     def _loop(self) -> None:
-        held: list = []  # jobs not yet run, in order
-        first = last = 0.0  # when the oldest / newest held job arrived
+        held: list = []  # jobs not yet run (those behind a when-idle call), in order
+        first: float | None = None  # arrivals of the requests added since the last step
+        last: float | None = None
         while True:
-            if self.pending:
-                timeout: float | None = 0.0  # keep stepping
-            elif held:
-                timeout = max(0.0, min(last + self.gather_s, first + self.gather_cap_s) - time.monotonic())
+            hold = self._hold(first, last)
+            if held and not self.pending:
+                timeout: float | None = 0.0
+            elif self.pending:
+                timeout = max(hold, 0.0)  # while requests stream in, wait for them rather than step
             else:
                 timeout = None
             job = self._get(timeout)
@@ -71,16 +75,24 @@ class Driver:
                 if job is None:
                     self._fail(VllmServerError("the in-process vLLM engine was closed"))
                     return
-                last = time.monotonic()
-                first = first if held else last
+                if job[0] == "add":
+                    last = time.monotonic()
+                    first = last if first is None else first
+                elif job[0] == "batch":
+                    first = last = None  # a generate call's batch steps at once
                 held.append(job)
                 job = self._get(0.0)
-            now = time.monotonic()
-            if held and (held[-1][0] != "add" or now >= min(last + self.gather_s, first + self.gather_cap_s)):
-                while held and not (held[0][0] == "idle" and self.pending):
-                    self._run(held.pop(0))
-            if self.pending:
+            while held and not (held[0][0] == "idle" and self.pending):
+                self._run(held.pop(0))
+            if self.pending and self._hold(first, last) <= 0.0:
+                first = last = None
                 self._step()
+
+    def _hold(self, first: float | None, last: float | None) -> float:
+        """Seconds to wait before the next step: until arrivals pause ``gather_s``, ``gather_cap_s`` at most."""
+        if first is None or last is None:
+            return 0.0
+        return min(last + self.gather_s, first + self.gather_cap_s) - time.monotonic()
 
     def _get(self, timeout: float | None) -> Any:
         """The next job, or ``False`` when none came within ``timeout`` (``None``: wait for one)."""
