@@ -13,8 +13,8 @@ worker extension, the run's limits and execution mode):
 - prompts are ``token_ids`` + each image as vLLM's item built from the prompt's own ``pixel_values``
   (``vlrl.vllm.items.ItemCodec``, layout read off one item this vLLM rendered), keyed by vlrl's image hash;
 - one driver thread owns the ``LLMEngine``: it adds requests, steps, and answers futures, so ``generate`` (a
-  batch) and ``agenerate`` (from any event loop) share one continuous batch; requests arriving one by one are
-  gathered a few ms and added together (``vlrl.vllm.driver``); weight reloads and cache resets run on
+  batch) and ``agenerate`` (from any event loop) share one continuous batch; while requests arrive one by one
+  it adds them but does not step (``vlrl.vllm.driver``); weight reloads and cache resets run on
   it too, once in-flight requests have finished (as the server's ``/pause?mode=wait``);
 - weights: on the GPU the trainer's tensors are pushed by the worker extension's ``vlrl_reload_from_tensors``
   (``vlrl.vllm.tensor_transfer``: CUDA IPC handles, nothing through disk or host); on the CPU (and for partial
