@@ -5,6 +5,8 @@ build it once:
 
 - ``vllm``: every test of a vLLM server (marker ``vllm`` or the ``vllm_stack`` fixture): one worker starts
   the servers, in ``pytest_vlrl.vllm``'s order (grouped by arch, destructive tests last);
+- a module's ``XDIST_GROUP`` (tests that start no server, such as vLLM in the test's own process): one worker,
+  beside the servers' (the in-process engine's tests took 5 min on the servers' worker, the CI's critical path);
 - ``color_square_warm_start``: the RL tests that start from the session's format-only warm start;
 - else the test's file (module-scoped fixtures, such as the FSDP runs, are built once).
 
@@ -33,6 +35,9 @@ def on_worker(config: pytest.Config) -> bool:
 
 def group_of(item: pytest.Item) -> str:
     names = getattr(item, "fixturenames", ())
+    own = getattr(getattr(item, "module", None), "XDIST_GROUP", None)
+    if own and "vllm_stack" not in names:
+        return str(own)  # a module that starts no server (e.g. vLLM in the test's process) may run beside them
     if item.get_closest_marker("vllm") or "vllm_stack" in names:
         return "vllm"
     for fixture in SHARED_FIXTURE_GROUPS:
@@ -53,7 +58,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _rank(group: str, members: list[pytest.Item]) -> int:
-    if group == "vllm":
+    if group == "vllm" or any(it.get_closest_marker("vllm") for it in members):
         return 0
     if any(it.get_closest_marker("train") or it.get_closest_marker("slow") for it in members):
         return 1

@@ -23,6 +23,7 @@ from vlrl.train.forward import policy_forward
 from vlrl.vllm.config import ServerConfig, VllmServerError
 
 pytestmark = pytest.mark.vllm
+XDIST_GROUP = "vllm_inprocess"  # no server: pytest_vlrl.parallel runs it beside the servers' worker
 ARCH = "qwen2_5_vl"
 MESSAGES = conversations()["several_images"][0]
 ROWS = [{"prompt": None, "env_class": "maze2d/easy", "extras": {}, "seed": s} for s in (0, 1)]

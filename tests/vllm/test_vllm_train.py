@@ -56,25 +56,6 @@ def test_color_square_recipe_runs_on_vllm(vllm_stack, tiny, monkeypatch, tmp_pat
     assert stack.engine.verify_weights(tiny(ARCH).model) <= 1e-4
 
 
-def test_color_square_recipe_runs_on_inprocess_vllm(tmp_path):
-    """The same run with vLLM in the trainer's process (``rollout.vllm_mode=inprocess``): agreement every step,
-    every sync probe-verified."""
-    from pytest_vlrl.vllm import require_vllm
-    from vlrl.cli import main
-
-    require_vllm()
-    out = tmp_path / "run"
-    args = ["rollout.engine=vllm", "rollout.vllm_mode=inprocess", "run.steps=2", "sft.steps=2", "sft.rows_per_step=8"]
-    args += ["rollout.rows_per_step=4", "data.eval_rows=8", "run.eval_every=0", "run.agreement=stop"]
-    assert main(["train", "color_square", *args, "run.progress=False", f"run.out={out}"]) == 0
-    agreement = _jsonl(out / "agreement.jsonl")
-    assert [a["step"] for a in agreement] == [1, 2]
-    assert all(a["max_abs"] <= 1e-4 and not a["breached"] for a in agreement), agreement
-    syncs = _jsonl(out / "weight_sync.jsonl")
-    assert [s["version"] for s in syncs] == [1, 2, 3]
-    assert all(s["probe_max_abs"] <= 1e-4 and s["route"] == "checkpoint" and s["sync_s"] > 0 for s in syncs), syncs
-
-
 def test_a_dropped_sync_stops_the_run(vllm_stack, monkeypatch, tmp_path):
     """If the server does not take the new weights, the run stops at that sync (no silent staleness)."""
     from vlrl.train.config import load_config

@@ -141,7 +141,9 @@ class InprocessVllmEngine:
             allow_truncation=self.allow_truncation,
         )
         sp = VllmSampling(**fields, output_kind=RequestOutputKind.FINAL_ONLY)
-        return self._driver.submit(self.engine_input(prompt), sp, waits=waits)
+        fut = self._driver.submit(self.engine_input(prompt), sp, waits=waits)
+        fut.weight_version = self.version  # type: ignore[attr-defined]  # a later sync waits for this request
+        return fut
 
     def generate(
         self, prompts: Sequence[RenderedPrompt], params: SamplingParams | Sequence[SamplingParams] = SamplingParams()
@@ -152,17 +154,19 @@ class InprocessVllmEngine:
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         futures = [self.submit(p, sp, waits=k < len(prompts) - 1) for k, (p, sp) in enumerate(zip(prompts, params))]
-        return [self.generation(f.result(), p, sp) for f, p, sp in zip(futures, prompts, params)]
+        return [self.generation(f, p, sp) for f, p, sp in zip(futures, prompts, params)]
 
     async def agenerate(self, prompt: RenderedPrompt, params: SamplingParams = SamplingParams()) -> Generation:
         import asyncio
 
-        out = await asyncio.wrap_future(self.submit(prompt, params))
-        return self.generation(out, prompt, params)
+        fut = self.submit(prompt, params)
+        await asyncio.wrap_future(fut)
+        return self.generation(fut, prompt, params)
 
-    def generation(self, out, prompt: RenderedPrompt, params: SamplingParams) -> Generation:
-        """vLLM's ``RequestOutput`` under the contract: each token's processed logprob, the top k by rank."""
-        c = out.outputs[0]
+    def generation(self, fut: Future, prompt: RenderedPrompt, params: SamplingParams) -> Generation:
+        """A finished :meth:`submit`'s ``RequestOutput`` under the contract: each token's processed logprob, the top k
+        by rank, the weight version it was sampled with (the one at submit: a sync waits for requests before it)."""
+        c = fut.result().outputs[0]
         ids = [int(t) for t in c.token_ids]
         entries = list(c.logprobs or [])
         if len(entries) != len(ids) or any(t not in e for t, e in zip(ids, entries)):
@@ -184,7 +188,7 @@ class InprocessVllmEngine:
             top=top,
             reason=c.finish_reason,
             stop_reason=c.stop_reason,
-            weight_version=self.version,
+            weight_version=getattr(fut, "weight_version", self.version),
             meta={"server": "in-process"},
             where="in-process vLLM",
         )
