@@ -138,8 +138,7 @@ class RolloutSection:
     (the server's render route; each image's tensors cross the wire twice). The embedded engine always renders
     embedded."""
     vllm_mode: Literal["server", "inprocess"] = "server"
-    """With engine=vllm, where vLLM runs: server (its own process, token-in/token-out over HTTP) or inprocess (a
-    ``vllm.LLM`` in the trainer's process: ``vlrl.vllm.inprocess``; the same contract and checks, no HTTP)."""
+    """With engine=vllm: server (its own process, over HTTP) or inprocess (``vlrl.vllm.inprocess``, same checks)."""
     vllm_execution: Execution = "auto"
     """With engine=vllm, how the server runs the model (``vlrl.vllm.server.EXECUTION_FLAGS``): auto = eager on CPU,
     decode steps as CUDA graphs on CUDA; compiled = vLLM's defaults (torch.compile: minutes at a cold start)."""
