@@ -60,7 +60,7 @@ def main() -> int:
     model_dir = cached_model_dir("qwen2_5_vl", os.environ.get("VLRL_BREAKDOWN_SIZE", "2b"))
     cfg = ServerConfig(
         str(model_dir),
-        dtype="bfloat16",
+        dtype=os.environ.get("VLRL_BREAKDOWN_DTYPE", "bfloat16"),
         max_images_per_prompt=1,
         kv_cache_gib=int(os.environ.get("VLRL_BREAKDOWN_KV_GIB", "16")),
         gpu_memory_utilization=0.3,
