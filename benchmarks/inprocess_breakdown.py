@@ -6,7 +6,10 @@ as five variants on fresh images each (a warm-up batch, then the best of ``--rep
 - ``chat_vlrl_params``: the same with vlrl's per-request extras (the sampled token's logprob, the vision-token ban);
 - ``render``: the embedded renderer alone, all of a batch concurrently (its thread pool);
 - ``generate``: vlrl's ``generate`` on prompts rendered beforehand (the engine alone);
-- ``path``: the bench's vlrl path: render and ``agenerate`` per request, all concurrently.
+- ``path``: the bench's vlrl path: render and ``agenerate`` per request, all concurrently (``path_timelines``: when
+  the renders landed and the requests finished, per timed batch);
+- ``agenerate``: ``agenerate`` per request on prompts rendered beforehand (the path without its renders);
+- ``render_then_agenerate``: every render first, then ``agenerate`` per request (the path without the overlap).
 
     python3 benchmarks/inprocess_breakdown.py OUT.json [--execution graphs] [--sizes 64,256]
 """
@@ -38,6 +41,15 @@ def best(run, batches, prepare=lambda b: b) -> dict:
     return {"seconds": round(s, 4), "tokens": tokens, "tok_per_s": round(tokens / s, 1), "all_seconds": times}
 
 
+def quantiles(times: list[float]) -> dict:
+    """First, quartiles and last of ``times`` (seconds)."""
+    xs = sorted(times)
+    return {
+        q: round(xs[min(int(f * len(xs)), len(xs) - 1)], 3)
+        for q, f in (("first", 0), ("q1", 0.25), ("median", 0.5), ("q3", 0.75), ("last", 1))
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out")
@@ -45,8 +57,14 @@ def main() -> int:
     parser.add_argument("--sizes", default="64,256")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--variants", default="chat,chat_vlrl_params,render,generate,path", help="run in this order")
+    parser.add_argument(
+        "--variants",
+        default="chat,chat_vlrl_params,render,generate,path",
+        help="run in this order (also agenerate, render_then_agenerate)",
+    )
     parser.add_argument("--gather-cap", type=float, default=0.25, help="InprocessVllmEngine(gather_cap_s=)")
+    parser.add_argument("--render-workers", type=int, default=8, help="the embedded renderer's threads")
+    parser.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval (GIL hand-offs)")
     args = parser.parse_args()
     from vlrl.bench.vllm_paths import fresh_batches  # vlrl first: its torchvision guard before vLLM's import
     from vlrl.engines.types import SamplingParams
@@ -67,9 +85,11 @@ def main() -> int:
         execution=args.execution,
     )
     engine = InprocessVllmEngine(cfg, gather_cap_s=args.gather_cap)
-    renderer = EmbeddedRenderer.from_pretrained(model_dir, workers=min(8, os.cpu_count() or 1))
+    renderer = EmbeddedRenderer.from_pretrained(model_dir, workers=min(args.render_workers, os.cpu_count() or 1))
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     result: dict = {"startup_seconds": round(engine.startup_seconds, 1), "execution": args.execution}
-    result["gather_cap_s"] = args.gather_cap
+    result.update(gather_cap_s=args.gather_cap, render_workers=args.render_workers, switch_s=sys.getswitchinterval())
     out = Path(args.out)
     n_tok = args.max_tokens
 
@@ -95,13 +115,32 @@ def main() -> int:
         ]
         return sum(len(g.token_ids) for g in engine.generate(prompts, params))
 
+    timelines: list[dict] = []  # per path batch: when renders landed and requests finished (seconds from its start)
+
     async def path_all(batch) -> int:
+        t0, rendered, done = time.perf_counter(), [], []
+
         async def one(i, m):
             prompt = await renderer.arender(m)
+            rendered.append(time.perf_counter() - t0)
             sp = SamplingParams(temperature=1.0, max_tokens=n_tok, ignore_eos=True, seed=i)
-            return len((await engine.agenerate(prompt, sp)).token_ids)
+            n = len((await engine.agenerate(prompt, sp)).token_ids)
+            done.append(time.perf_counter() - t0)
+            return n
 
-        return sum(await asyncio.gather(*(one(i, m) for i, m in enumerate(batch))))
+        n = sum(await asyncio.gather(*(one(i, m) for i, m in enumerate(batch))))
+        timelines.append({"rendered": quantiles(rendered), "finished": quantiles(done)})
+        return n
+
+    async def prerendered_all(prompts) -> int:  # agenerate per request on rendered prompts: the path minus renders
+        async def one(i, p):
+            sp = SamplingParams(temperature=1.0, max_tokens=n_tok, ignore_eos=True, seed=i)
+            return len((await engine.agenerate(p, sp)).token_ids)
+
+        return sum(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+
+    async def render_then_agenerate(batch) -> int:  # the path with every render done before any request
+        return await prerendered_all(await render_all(batch))
 
     ban = {"logprobs": 0, "extra_args": {BAN_KEY: list(engine.banned_ids)}}
     variants = [
@@ -110,6 +149,8 @@ def main() -> int:
         ("render", lambda b: len(asyncio.run(render_all(b))), None),
         ("generate", generate, lambda b: asyncio.run(render_all(b))),
         ("path", lambda b: asyncio.run(path_all(b)), None),
+        ("agenerate", lambda p: asyncio.run(prerendered_all(p)), lambda b: asyncio.run(render_all(b))),
+        ("render_then_agenerate", lambda b: asyncio.run(render_then_agenerate(b)), None),
     ]
     by_name = {v[0]: v for v in variants}
     variants = [by_name[name] for name in args.variants.split(",")]  # in the order asked
@@ -121,6 +162,9 @@ def main() -> int:
                 result.setdefault(name, {})[str(n)] = best(run, batches, prepare or (lambda b: b))
             except Exception as exc:  # noqa: BLE001 — recorded, the next variant still runs
                 result.setdefault(name, {})[str(n)] = {"error": f"{type(exc).__name__}: {str(exc)[:400]}"}
+            if name == "path":
+                result["path_timelines"] = {**result.get("path_timelines", {}), str(n): timelines[1:]}
+                timelines.clear()
             out.write_text(json.dumps(result, indent=1))
             print(name, n, result[name][str(n)], flush=True)
     engine.close()

@@ -11,8 +11,10 @@ python3 -c "from importlib.metadata import version; import torch; print('vllm', 
 export CI=true  # a vLLM that does not import is a failure here, not a skip
 args=("$@"); [ ${#args[@]} -gt 0 ] || args=(tests/vllm)
 start=$SECONDS
-# SIGINT at the limit: pytest then still prints its failures and writes the reports
+# SIGINT at the limit: pytest then still prints its failures and writes the reports; a test (its fixtures included)
+# running past FAULT_S seconds dumps every thread's stack into the log
 timeout -s INT -k 30 ${LIMIT:-450} python3 -m pytest -p pytest_vlrl.plugin -o addopts="-p no:cacheprovider" -m vllm -rfE --tb=short \
+  -o faulthandler_timeout=${FAULT_S:-240} \
   --durations=15 "${args[@]}" --html=$OUT/vllm_gpu_tests.html --self-contained-html \
   --junitxml=$OUT/vllm_gpu_tests.xml 2>&1 | tee $OUT/vllm_gpu_tests.log | tail -60
 echo "pytest -m vllm (CUDA vLLM) wall time: $((SECONDS - start)) s"

