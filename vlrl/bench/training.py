@@ -52,7 +52,10 @@ def train_section(
         "steps": steps,
         "padded": _timed(model, trajectories, device, micro_batch, steps, packing=False),
     }
-    out["fast_vs_plain"] = fast_vs_plain(model, trajectories, dtype=dtype, micro_batch=micro_batch)
+    try:
+        out["fast_vs_plain"] = fast_vs_plain(model, trajectories, dtype=dtype, micro_batch=micro_batch)
+    except Exception as exc:  # noqa: BLE001 — as packing below: recorded, not fatal
+        out["fast_vs_plain"] = {"skipped": f"{type(exc).__name__}: {exc}"}
     try:
         out["packed"] = _timed(model, trajectories, device, micro_batch, steps, packing=True)
         out["packed_over_padded_tok_per_s"] = round(out["packed"]["tok_per_s"] / out["padded"]["tok_per_s"], 3)
