@@ -104,7 +104,8 @@ def test_a_lora_checkpoint_holds_the_adapters_alone(model, tmp_path):
 
 def test_the_lora_config_is_typed_and_checked():
     from vlrl.errors import ConfigError
-    from vlrl.train.config import config_help, load_config
+    from vlrl.train.cli import config_help
+    from vlrl.train.config import load_config
 
     cfg = load_config("color_square", ["model.lora.rank=4", "model.lora.targets=['q_proj', 'v_proj']"])
     assert (cfg.model.lora.rank, cfg.model.lora.alpha, cfg.model.lora.targets) == (4, 16.0, ("q_proj", "v_proj"))

@@ -74,9 +74,20 @@ def test_weight_sync_is_verified(tmp_path, monkeypatch):
         train(cfg)
 
 
+def test_stop_at_ends_rl_at_the_first_evaluation_that_reaches_it(vlrl_train):
+    # every reward is >= -1: the first evaluation (after step 2 of 6) ends RL; the final evaluation and the
+    # summary name the steps that ran
+    run = vlrl_train("color_square", *TINY, "sft.steps=0", "run.steps=6", "run.eval_every=2", "run.stop_at=-1")
+    assert [m["step"] for m in run.record.phase("rl")] == [1, 2]
+    evals = run.record.phase("eval")
+    assert [(e["label"], e["step"]) for e in evals] == [("before", 0), ("during", 2), ("after", 2)]
+    assert run.summary["steps"] == 2
+
+
 @pytest.mark.parametrize(
     "override, message",
     [
+        ("run.stop_at=soon", "run.stop_at"),
         ("algo.advantage=grpoo", "grpoo"),
         ("rollout.max_tokens=many", "rollout.max_tokens"),
         ("optim.nope=1", "unknown key"),

@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vlrl.train.config import config_help, load_config
+    from vlrl.train.config import load_config
 
     if args.help_config:
         print(config_help())
@@ -74,3 +74,28 @@ def torchrun(args: argparse.Namespace) -> int:
         *(["--report"] if args.report else []),
     ]
     return subprocess.run(argv, check=False).returncode
+
+
+def config_help() -> str:
+    """Every key with its help, section by section."""
+    import dataclasses
+    import typing
+
+    from vlrl.algos.config import attribute_docs
+    from vlrl.train.config import SECTIONS
+    from vlrl.train.config_values import table_type
+
+    lines = []
+    for section, cls in SECTIONS.items():
+        lines.append(f"[{section}]")
+        docs = attribute_docs(cls)
+        for f in dataclasses.fields(cls):
+            factory = f.default_factory
+            default = factory() if callable(factory) else f.default
+            lines.append(f"  {section}.{f.name} = {default!r}\n      {docs.get(f.name, '')}")
+            table = table_type(typing.get_type_hints(cls)[f.name])
+            if table is not None:  # a table inside the section (model.lora): its keys too
+                sub = attribute_docs(table)
+                for g in dataclasses.fields(table):
+                    lines.append(f"  {section}.{f.name}.{g.name} = {g.default!r}\n      {sub.get(g.name, '')}")
+    return "\n".join(lines)

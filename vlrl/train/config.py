@@ -11,15 +11,14 @@ import dataclasses
 import math
 import re
 import tomllib
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from vlrl.algos.config import AlgoConfig, attribute_docs
+from vlrl.algos.config import AlgoConfig
 from vlrl.errors import ConfigError, MissingRecipeError
-from vlrl.train.config_values import build_table, parse_value, set_nested, table_type, toml_value
+from vlrl.train.config_values import build_table, parse_value, set_nested, toml_value
 from vlrl.vllm.config import Execution
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
@@ -259,6 +258,8 @@ class RunSection:
     """Seed of train rows, sampling and mini-batch order."""
     agreement: Literal["stop", "log"] = "stop"
     """When rollout and trainer logprobs disagree beyond the bound: stop the run, or log it."""
+    stop_at: float | None = None
+    """End RL at the first evaluation (``eval_every``) whose mean reward reaches this; None = every step."""
     samples: int = 4
     """Eval trajectories saved per evaluation (for the report)."""
     resume: str | None = None
@@ -275,6 +276,7 @@ class RunSection:
         for key in ("steps", "eval_every", "checkpoint_every", "samples", "seed"):
             _check(getattr(self, key) >= 0, f"run.{key}", getattr(self, key), "must be >= 0")
         _check(bool(self.out), "run.out", self.out, "must name a directory")
+        _check(self.stop_at is None or math.isfinite(self.stop_at), "run.stop_at", self.stop_at, "must be a number")
         _check(
             self.resume is None or bool(self.resume), "run.resume", self.resume, 'must be a checkpoint dir or "latest"'
         )
@@ -380,21 +382,3 @@ def _check_names(config: TrainConfig) -> None:
             expert_for(name)
         except KeyError as exc:
             raise ConfigError(f"sft.expert = {name!r}: {exc.args[0] if exc.args else exc}") from None
-
-
-def config_help() -> str:
-    """Every key with its help, section by section."""
-    lines = []
-    for section, cls in SECTIONS.items():
-        lines.append(f"[{section}]")
-        docs = attribute_docs(cls)
-        for f in dataclasses.fields(cls):
-            factory = f.default_factory
-            default = factory() if callable(factory) else f.default
-            lines.append(f"  {section}.{f.name} = {default!r}\n      {docs.get(f.name, '')}")
-            table = table_type(typing.get_type_hints(cls)[f.name])
-            if table is not None:  # a table inside the section (model.lora): its keys too
-                sub = attribute_docs(table)
-                for g in dataclasses.fields(table):
-                    lines.append(f"  {section}.{f.name}.{g.name} = {g.default!r}\n      {sub.get(g.name, '')}")
-    return "\n".join(lines)

@@ -51,24 +51,26 @@ def train(cfg: TrainConfig, on_start: Callable | None = None) -> dict:
             state.eval_before = run.evaluate(0, "before")
         if state.sft_step < cfg.sft.steps:
             sft(run)
-        every = cfg.run.checkpoint_every
+        every, stop = cfg.run.checkpoint_every, False
         for step in range(state.rl_step, cfg.run.steps):
             rl_step(run, step)
             done = step + 1
             if cfg.run.eval_every and done % cfg.run.eval_every == 0 and done < cfg.run.steps:
-                run.evaluate(done, "during")
+                stop = reached(cfg, run.evaluate(done, "during"))
             if every and done % every == 0:
                 run.save()
+            if stop:
+                break
         sizes = run.log.sizes()  # a resume from the last checkpoint redoes the final evaluation
-        after = run.evaluate(cfg.run.steps, "after")
+        after = run.evaluate(state.rl_step, "after")
         if cfg.run.image_probe:
-            run.probe_images(cfg.run.steps, "after")
+            run.probe_images(state.rl_step, "after")
         run.save(log_sizes=sizes)
         summary = {
             "name": cfg.name,
             "eval_before": state.eval_before,
             "eval_after": after,
-            "steps": cfg.run.steps,
+            "steps": state.rl_step,
             "sft_steps": cfg.sft.steps,
             "seconds": round(time.time() - t0, 1),
             "out": str(run.log.dir),
@@ -79,6 +81,11 @@ def train(cfg: TrainConfig, on_start: Callable | None = None) -> dict:
         return summary
     finally:
         run.close(finished)
+
+
+def reached(cfg: TrainConfig, reward: float | None) -> bool:
+    """Whether an evaluation's mean reward (rank 0's; None elsewhere) met ``run.stop_at``, on every rank."""
+    return cfg.run.stop_at is not None and bool(D.broadcast(reward is not None and reward >= cfg.run.stop_at))
 
 
 def rl_step(run: Run, step: int) -> dict:
