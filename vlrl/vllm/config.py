@@ -159,6 +159,12 @@ class ServerConfig:
         for key, value in dataclasses.asdict(limits).items():
             object.__setattr__(self, key, value)  # frozen: the resolved limits replace the Nones once
 
+    def _limits(self) -> tuple[int, int, int]:
+        """``(kv_cache_gib, max_model_len, max_images_per_prompt)``, resolved in ``__post_init__``."""
+        kv_gib, context, images = self.kv_cache_gib, self.max_model_len, self.max_images_per_prompt
+        assert kv_gib is not None and context is not None and images is not None
+        return kv_gib, context, images
+
     def cache_root(self) -> Path:
         if self.cache_dir:
             return Path(self.cache_dir)
@@ -176,14 +182,14 @@ class ServerConfig:
         from vlrl.vllm.capabilities import vllm_python
 
         caps = caps or self.capabilities()
-        limits = json.dumps({"image": self.max_images_per_prompt, "video": 0})
-        assert self.kv_cache_gib is not None and self.max_model_len is not None  # resolved in __post_init__
+        kv_gib, context, images = self._limits()
+        limits = json.dumps({"image": images, "video": 0})
         memory = (
             ()
             if caps.device == "cpu"
             else (
                 "--kv-cache-memory-bytes",
-                str(self.kv_cache_gib * 2**30),
+                str(kv_gib * 2**30),
                 "--gpu-memory-utilization",
                 str(self.gpu_memory_utilization),
             )
@@ -205,7 +211,7 @@ class ServerConfig:
             "--max-model-len",
             str(self.max_model_len),
             *caps.launch_flags,
-            *caps.scheduler_flags(self.max_model_len),
+            *caps.scheduler_flags(context),
             *memory,
             *self.execution_flags(caps.device),
             "--limit-mm-per-prompt",
@@ -234,10 +240,10 @@ class ServerConfig:
     def llm_kwargs(self, caps: VllmCapabilities) -> dict[str, Any]:
         """The same engine as :meth:`argv`, as ``vllm.LLM(**kwargs)`` in this process (``vlrl.vllm.inprocess``):
         no HTTP, so no API key, middleware or served name."""
-        assert self.kv_cache_gib is not None and self.max_model_len is not None  # resolved in __post_init__
+        kv_gib, context, images = self._limits()
         memory: dict[str, Any] = {}
         if caps.device != "cpu":
-            memory = {"kv_cache_memory_bytes": self.kv_cache_gib * 2**30}
+            memory = {"kv_cache_memory_bytes": kv_gib * 2**30}
             memory["gpu_memory_utilization"] = self.gpu_memory_utilization
         execution = self.execution if self.execution != "auto" else ("eager" if caps.device == "cpu" else "graphs")
         self.execution_flags(caps.device)  # refuses graphs on the CPU
@@ -245,13 +251,13 @@ class ServerConfig:
             "model": str(self.model_dir),
             "dtype": self.dtype,
             "max_model_len": self.max_model_len,
-            "limit_mm_per_prompt": {"image": self.max_images_per_prompt, "video": 0},
+            "limit_mm_per_prompt": {"image": images, "video": 0},
             "logprobs_mode": LOGPROBS_MODE,
             "seed": 0,
             "worker_extension_cls": WORKER_EXTENSION,
             "logits_processors": [BAN_PROCESSOR],
             **({"mm_device_do_normalize": False} if caps.new_frontend else {}),
-            **caps.scheduler(self.max_model_len),
+            **caps.scheduler(context),
             **memory,
             **EXECUTION_KWARGS[execution],
         }

