@@ -9,7 +9,8 @@ as five variants on fresh images each (a warm-up batch, then the best of ``--rep
 - ``path``: the bench's vlrl path: render and ``agenerate`` per request, all concurrently (``path_timelines``: when
   the renders landed and the requests finished, per timed batch);
 - ``agenerate``: ``agenerate`` per request on prompts rendered beforehand (the path without its renders);
-- ``render_then_agenerate``: every render first, then ``agenerate`` per request (the path without the overlap).
+- ``render_then_agenerate``: every render first, then ``agenerate`` per request (the path without the overlap);
+- ``path_procs``: the path with each render in one of ``--render-workers`` processes (off this process's GIL).
 
     python3 benchmarks/inprocess_breakdown.py OUT.json [--execution graphs] [--sizes 64,256]
 """
@@ -20,9 +21,11 @@ import argparse
 import asyncio
 import importlib
 import json
+import multiprocessing
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -39,6 +42,21 @@ def best(run, batches, prepare=lambda b: b) -> dict:
         times.append(time.perf_counter() - t0)
     s = min(times)
     return {"seconds": round(s, 4), "tokens": tokens, "tok_per_s": round(tokens / s, 1), "all_seconds": times}
+
+
+_RENDERER = None  # a render process's own renderer (path_procs)
+
+
+def _init_render(model_dir: str) -> None:
+    global _RENDERER
+    from vlrl.render.embedded import EmbeddedRenderer
+
+    _RENDERER = EmbeddedRenderer.from_pretrained(model_dir)
+
+
+def _render(messages):
+    assert _RENDERER is not None
+    return _RENDERER.render(messages)
 
 
 def quantiles(times: list[float]) -> dict:
@@ -117,11 +135,20 @@ def main() -> int:
 
     timelines: list[dict] = []  # per path batch: when renders landed and requests finished (seconds from its start)
 
-    async def path_all(batch) -> int:
+    procs = None  # path_procs: renders in processes of their own, off this process's GIL
+
+    def in_procs(m):
+        nonlocal procs
+        if procs is None:
+            spawn = multiprocessing.get_context("spawn")
+            procs = ProcessPoolExecutor(args.render_workers, spawn, _init_render, (str(model_dir),))
+        return asyncio.get_running_loop().run_in_executor(procs, _render, m)
+
+    async def path_all(batch, render=renderer.arender) -> int:
         t0, rendered, done = time.perf_counter(), [], []
 
         async def one(i, m):
-            prompt = await renderer.arender(m)
+            prompt = await render(m)
             rendered.append(time.perf_counter() - t0)
             sp = SamplingParams(temperature=1.0, max_tokens=n_tok, ignore_eos=True, seed=i)
             n = len((await engine.agenerate(prompt, sp)).token_ids)
@@ -149,6 +176,7 @@ def main() -> int:
         ("render", lambda b: len(asyncio.run(render_all(b))), None),
         ("generate", generate, lambda b: asyncio.run(render_all(b))),
         ("path", lambda b: asyncio.run(path_all(b)), None),
+        ("path_procs", lambda b: asyncio.run(path_all(b, in_procs)), None),
         ("agenerate", lambda p: asyncio.run(prerendered_all(p)), lambda b: asyncio.run(render_all(b))),
         ("render_then_agenerate", lambda b: asyncio.run(render_then_agenerate(b)), None),
     ]
@@ -162,12 +190,15 @@ def main() -> int:
                 result.setdefault(name, {})[str(n)] = best(run, batches, prepare or (lambda b: b))
             except Exception as exc:  # noqa: BLE001 — recorded, the next variant still runs
                 result.setdefault(name, {})[str(n)] = {"error": f"{type(exc).__name__}: {str(exc)[:400]}"}
-            if name == "path":
-                result["path_timelines"] = {**result.get("path_timelines", {}), str(n): timelines[1:]}
+            if name.startswith("path"):
+                key = f"{name}_timelines"
+                result[key] = {**result.get(key, {}), str(n): timelines[1:]}
                 timelines.clear()
             out.write_text(json.dumps(result, indent=1))
             print(name, n, result[name][str(n)], flush=True)
     engine.close()
+    if procs is not None:
+        procs.shutdown()
     return 0
 
 
