@@ -32,7 +32,7 @@ FREE_TEXT = {
 }
 """String fields that are not fixed choices: paths, stop strings, and names in registries users extend
 (envs, experts, algorithm parts), each checked against its registry at parse (tested below)."""
-UNBOUNDED = {("data", "extras")}
+UNBOUNDED = {("data", "extras"), ("run", "stop_at")}  # stop_at: a reward, negative in some envs
 KNOWN_GAPS: dict[tuple[str, str], str] = {}
 
 
