@@ -78,7 +78,7 @@ def main() -> int:
     parser.add_argument(
         "--variants",
         default="chat,chat_vlrl_params,render,generate,path",
-        help="run in this order (also agenerate, render_then_agenerate)",
+        help="run in this order (also agenerate, render_then_agenerate, path_procs)",
     )
     parser.add_argument("--gather-cap", type=float, default=0.25, help="InprocessVllmEngine(gather_cap_s=)")
     parser.add_argument("--render-workers", type=int, default=8, help="the embedded renderer's threads")
