@@ -10,7 +10,13 @@ as five variants on fresh images each (a warm-up batch, then the best of ``--rep
   the renders landed and the requests finished, per timed batch);
 - ``agenerate``: ``agenerate`` per request on prompts rendered beforehand (the path without its renders);
 - ``render_then_agenerate``: every render first, then ``agenerate`` per request (the path without the overlap);
-- ``path_procs``: the path with each render in one of ``--render-workers`` processes (off this process's GIL).
+- ``path_procs``: the path with each render in one of ``--render-workers`` processes (off this process's GIL);
+- ``path_r2``: the path with a renderer of two threads.
+
+Every variant's row carries ``engine``: how the driver thread spent the timed batch on vLLM's ``LLMEngine`` (steps,
+seconds waiting for the engine core's outputs, processing them, adding requests) and the core's own pace read off
+its outputs' timestamps (``core_step_ms``: between consecutive output batches; ``lag_ms``: an output's age when the
+front end took it) — whether the engine core or the front end sets the time.
 
     python3 benchmarks/inprocess_breakdown.py OUT.json [--execution graphs] [--sizes 64,256]
 """
@@ -31,17 +37,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def best(run, batches, prepare=lambda b: b) -> dict:
-    """``run(prepare(batch))`` once as the warm-up, then timed on each later batch; the fastest kept."""
+def best(run, batches, prepare=lambda b: b, trace=None) -> dict:
+    """``run(prepare(batch))`` once as the warm-up, then timed on each later batch; the fastest kept (with its
+    ``trace`` summary)."""
     run(prepare(batches[0]))
-    times, tokens = [], 0
+    times, tokens, engine = [], 0, []
     for batch in batches[1:]:
         ready = prepare(batch)
+        if trace is not None:
+            trace.summary()  # the warm-up's and the preparation's rows dropped
         t0 = time.perf_counter()
         tokens = run(ready)
         times.append(time.perf_counter() - t0)
-    s = min(times)
-    return {"seconds": round(s, 4), "tokens": tokens, "tok_per_s": round(tokens / s, 1), "all_seconds": times}
+        engine.append(trace.summary() if trace is not None else {})
+    k = times.index(min(times))
+    s = times[k]
+    row = {"seconds": round(s, 4), "tokens": tokens, "tok_per_s": round(tokens / s, 1), "all_seconds": times}
+    return {**row, "engine": engine[k]} if trace is not None else row
 
 
 _RENDERER = None  # a render process's own renderer (path_procs)
@@ -57,6 +69,47 @@ def _init_render(model_dir: str) -> None:
 def _render(messages):
     assert _RENDERER is not None
     return _RENDERER.render(messages)
+
+
+class EngineTrace:
+    """Wraps the ``LLMEngine``'s ``add_request``, ``engine_core.get_output`` and ``output_processor.process_outputs``
+    on the instance (a measurement only) and sums them per timed batch (:meth:`summary`, then reset)."""
+
+    def __init__(self, llm_engine):
+        self.rows: list[tuple[str, float, float, int, float]] = []  # kind, start, end, outputs, core timestamp
+        for owner, name in (
+            (llm_engine, "add_request"),
+            (llm_engine.engine_core, "get_output"),
+            (llm_engine.output_processor, "process_outputs"),
+        ):
+            setattr(owner, name, self._timed(name, getattr(owner, name)))
+
+    def _timed(self, kind: str, fn):
+        def timed(*args, **kwargs):
+            t0 = time.monotonic()
+            out = fn(*args, **kwargs)
+            n, ts = (len(out.outputs), float(out.timestamp)) if kind == "get_output" else (0, 0.0)
+            self.rows.append((kind, t0, time.monotonic(), n, ts))
+            return out
+
+        return timed
+
+    def summary(self) -> dict:
+        rows, self.rows = self.rows, []
+        total = lambda kind: round(sum(e - s for k, s, e, _, _ in rows if k == kind), 3)  # noqa: E731
+        gets = [r for r in rows if r[0] == "get_output" and r[3] > 0]
+        stamps = [r[4] for r in gets]
+        return {
+            "steps": len(gets),
+            "adds": sum(1 for r in rows if r[0] == "add_request"),
+            "add_s": total("add_request"),
+            "wait_core_s": total("get_output"),
+            "process_s": total("process_outputs"),
+            "core_span_s": round(stamps[-1] - stamps[0], 3) if stamps else None,
+            "core_step_ms": quantiles([1e3 * (b - a) for a, b in zip(stamps, stamps[1:])]) if len(stamps) > 1 else {},
+            "lag_ms": quantiles([1e3 * (r[2] - r[4]) for r in gets]) if gets else {},
+            "outputs_per_step": quantiles([float(r[3]) for r in gets]) if gets else {},
+        }
 
 
 def quantiles(times: list[float]) -> dict:
@@ -78,7 +131,7 @@ def main() -> int:
     parser.add_argument(
         "--variants",
         default="chat,chat_vlrl_params,render,generate,path",
-        help="run in this order (also agenerate, render_then_agenerate, path_procs)",
+        help="run in this order (also agenerate, render_then_agenerate, path_procs, path_r2)",
     )
     parser.add_argument("--gather-cap", type=float, default=0.25, help="InprocessVllmEngine(gather_cap_s=)")
     parser.add_argument("--render-workers", type=int, default=8, help="the embedded renderer's threads")
@@ -103,7 +156,9 @@ def main() -> int:
         execution=args.execution,
     )
     engine = InprocessVllmEngine(cfg, gather_cap_s=args.gather_cap)
+    trace = EngineTrace(engine.llm.llm_engine)
     renderer = EmbeddedRenderer.from_pretrained(model_dir, workers=min(args.render_workers, os.cpu_count() or 1))
+    renderer2 = EmbeddedRenderer.from_pretrained(model_dir, workers=2) if "path_r2" in args.variants else None
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
     result: dict = {"startup_seconds": round(engine.startup_seconds, 1), "execution": args.execution}
@@ -177,6 +232,7 @@ def main() -> int:
         ("generate", generate, lambda b: asyncio.run(render_all(b))),
         ("path", lambda b: asyncio.run(path_all(b)), None),
         ("path_procs", lambda b: asyncio.run(path_all(b, in_procs)), None),
+        ("path_r2", lambda b: asyncio.run(path_all(b, renderer2.arender if renderer2 else None)), None),
         ("agenerate", lambda p: asyncio.run(prerendered_all(p)), lambda b: asyncio.run(render_all(b))),
         ("render_then_agenerate", lambda b: asyncio.run(render_then_agenerate(b)), None),
     ]
@@ -187,7 +243,7 @@ def main() -> int:
         for k, (name, run, prepare) in enumerate(variants):
             batches = pool[k * (1 + args.repeats) : (k + 1) * (1 + args.repeats)]
             try:
-                result.setdefault(name, {})[str(n)] = best(run, batches, prepare or (lambda b: b))
+                result.setdefault(name, {})[str(n)] = best(run, batches, prepare or (lambda b: b), trace)
             except Exception as exc:  # noqa: BLE001 — recorded, the next variant still runs
                 result.setdefault(name, {})[str(n)] = {"error": f"{type(exc).__name__}: {str(exc)[:400]}"}
             if name.startswith("path"):
