@@ -61,7 +61,11 @@ _RENDERER = None  # a render process's own renderer (path_procs)
 
 def _init_render(model_dir: str) -> None:
     global _RENDERER
+    import torch
+
     from vlrl.render.embedded import EmbeddedRenderer
+
+    torch.set_num_threads(1)  # one thread per process, as the thread pool's workers (run 6 ran 8 x 16: oversubscribed)
 
     _RENDERER = EmbeddedRenderer.from_pretrained(model_dir)
 

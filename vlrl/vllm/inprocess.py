@@ -12,8 +12,9 @@ worker extension, the run's limits and execution mode):
 
 - prompts are ``token_ids`` + each image as vLLM's item built from the prompt's own ``pixel_values``
   (``vlrl.vllm.items.ItemCodec``, layout read off one item this vLLM rendered), keyed by vlrl's image hash;
-- one driver thread owns the ``LLMEngine``: it adds requests, steps, and answers futures, so ``generate`` (a
-  batch) and ``agenerate`` (from any event loop) share one continuous batch; while requests arrive one by one
+- one driver thread owns the ``LLMEngine``: it builds each request's input (on CUDA on one OpenMP thread), adds it,
+  steps, and answers futures, so ``generate`` (a batch) and ``agenerate`` (from any event loop) share one
+  continuous batch; while requests arrive one by one
   it adds them but does not step (``vlrl.vllm.driver``); weight reloads and cache resets run on
   it too, once in-flight requests have finished (as the server's ``/pause?mode=wait``);
 - weights: on the GPU the trainer's tensors are pushed by the worker extension's ``vlrl_reload_from_tensors``
@@ -25,6 +26,7 @@ worker extension, the run's limits and execution mode):
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -51,8 +53,9 @@ INPROCESS_ENV: tuple[str, ...] = (
     "TRANSFORMERS_OFFLINE",
 )
 INPROCESS_ENV += ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "VLLM_CPU_KVCACHE_SPACE", "PYTHONPATH", "TRITON_F32_DEFAULT")
+INPROCESS_ENV += ("OMP_NUM_THREADS",)  # 1 on CUDA: reaches only the processes vLLM spawns (this one's OpenMP is up)
 """The server environment's variables that also apply to vLLM in this process (``ServerConfig.env``), set only while it
-starts; not the API key, the dev routes or ``OMP_NUM_THREADS``."""
+starts; not the API key or the dev routes."""
 
 
 class InprocessVllmEngine:
@@ -101,11 +104,11 @@ class InprocessVllmEngine:
         self.last_route: str | None = None
         """How the last :meth:`update_weights` reached vLLM: ``"cuda_ipc"`` or ``"checkpoint"``."""
         self._names: set[str] | None = None
-        self._writer: CheckpointWriter | None = (
-            None  # CheckpointWriter: the served checkpoint + merged updates (the checkpoint route)
-        )
+        self._writer: CheckpointWriter | None = None  # the served checkpoint + merged updates (the checkpoint route)
         self._pushed = False  # a full push since: the merged copy is not what vLLM serves
-        self._driver = Driver(self.llm.llm_engine, gather_s=gather_s, gather_cap_s=gather_cap_s)
+        self._driver = Driver(
+            self.llm.llm_engine, gather_s=gather_s, gather_cap_s=gather_cap_s, front_end_only=self.caps.device != "cpu"
+        )
         self.renderer = InprocessRenderer(self.llm, self.tokenizer, self.caps, run=self._driver.call)
         self.codec = ItemCodec(self.renderer.render(codec_probe()).engine_features[0])
         self._check_ban()
@@ -147,7 +150,9 @@ class InprocessVllmEngine:
             allow_truncation=self.allow_truncation,
         )
         sp = VllmSampling(**fields, output_kind=RequestOutputKind.FINAL_ONLY)
-        fut = self._driver.submit(self.engine_input(prompt), sp, waits=waits)
+        if prompt.n_images:
+            check_placeholders(prompt, self.image_token_id)  # bad input fails here, in the caller's thread
+        fut = self._driver.submit(functools.partial(self.engine_input, prompt), sp, waits=waits)
         fut.weight_version = self.version  # type: ignore[attr-defined]  # a later sync waits for this request
         return fut
 
@@ -343,7 +348,7 @@ class InprocessVllmEngine:
         from vllm import SamplingParams as VllmSampling
 
         sp = VllmSampling(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
-        out = self._driver.submit(self.engine_input(prompt), sp, waits=False).result()
+        out = self._driver.submit(functools.partial(self.engine_input, prompt), sp, waits=False).result()
         ids = list(prompt.token_ids)
         return [float(e[t].logprob) for t, e in zip(ids[1:], out.prompt_logprobs[1:])]
 

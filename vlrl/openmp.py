@@ -1,0 +1,35 @@
+"""OpenMP threads per calling thread: torch runs a CPU op from each new thread on a team of its own, as wide as the
+machine (a 256 x 1176 cast from a fresh thread on 16 threads: 16 more threads in the process), and those teams
+spin between ops on every core. A thread that does small tensor work beside busier ones (render workers, the
+in-process vLLM driver) limits its own team (:func:`limit_openmp_here`).
+
+Light module: torch is imported inside the function.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import re
+
+
+def limit_openmp_here(threads: int) -> None:
+    """The OpenMP threads of torch's CPU ops run from the calling thread alone. OpenMP keeps the count per thread
+    (``omp_set_num_threads`` sets the caller's); ``torch.set_num_threads`` would also set torch's default for every
+    thread started later, and MKL's for the whole process. A no-op where no OpenMP runtime is loaded."""
+    import torch
+
+    torch.get_num_threads()  # torch's own per-thread init first: it would set the count again on the thread's first op
+    for runtime in _openmp_runtimes():
+        runtime.omp_set_num_threads(threads)
+
+
+@functools.cache
+def _openmp_runtimes() -> tuple[ctypes.CDLL, ...]:
+    """The OpenMP runtimes loaded in this process (libgomp, libiomp, libomp), from ``/proc/self/maps`` (Linux)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if re.search(r"/lib(g|i|)omp[\w.-]*\.so", line)}
+    except OSError:
+        return ()
+    return tuple(ctypes.CDLL(path) for path in sorted(paths))
