@@ -167,6 +167,7 @@ def main() -> int:
         sys.setswitchinterval(args.switch_interval)
     result: dict = {"startup_seconds": round(engine.startup_seconds, 1), "execution": args.execution}
     result.update(gather_cap_s=args.gather_cap, render_workers=args.render_workers, switch_s=sys.getswitchinterval())
+    result["threads_at_start"] = len(os.listdir("/proc/self/task"))
     out = Path(args.out)
     n_tok = args.max_tokens
 
@@ -250,6 +251,8 @@ def main() -> int:
                 result.setdefault(name, {})[str(n)] = best(run, batches, prepare or (lambda b: b), trace)
             except Exception as exc:  # noqa: BLE001 — recorded, the next variant still runs
                 result.setdefault(name, {})[str(n)] = {"error": f"{type(exc).__name__}: {str(exc)[:400]}"}
+            # a thread's first torch op opens an OpenMP team of its own (vlrl/openmp.py): a jump here is a new team
+            result.setdefault(f"{name}_threads_after", {})[str(n)] = len(os.listdir("/proc/self/task"))
             if name.startswith("path"):
                 key = f"{name}_timelines"
                 result[key] = {**result.get(key, {}), str(n): timelines[1:]}
