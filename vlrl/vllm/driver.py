@@ -4,9 +4,8 @@ vLLM's ``LLMEngine`` is not thread-safe, and a rollout asks for generations from
 once: every use of the engine goes through this thread. Requests join the running batch as they come (continuous
 batching, as the server's engine loop does; stepping waits while a burst of them arrives: ``Driver``); each
 request's input (its image items: a cast and a copy of the pixels) is built here too (on CUDA, on one OpenMP
-thread); a call
-made ``when_idle`` (a weight reload, a cache reset) waits for the requests before it to finish, and holds later
-ones behind it, as a server's ``/pause?mode=wait``.
+thread); a call made ``when_idle`` (a weight reload, a cache reset) waits for the requests before it to finish, and
+holds later ones behind it, as a server's ``/pause?mode=wait``.
 """
 
 from __future__ import annotations
