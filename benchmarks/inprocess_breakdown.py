@@ -11,7 +11,9 @@ as five variants on fresh images each (a warm-up batch, then the best of ``--rep
 - ``agenerate``: ``agenerate`` per request on prompts rendered beforehand (the path without its renders);
 - ``render_then_agenerate``: every render first, then ``agenerate`` per request (the path without the overlap);
 - ``path_procs``: the path with each render in one of ``--render-workers`` processes (off this process's GIL);
-- ``path_r2``: the path with a renderer of two threads.
+- ``path_r2``: the path with a renderer of two threads;
+- ``path_si``: the path with the interpreter's thread switch interval at 1 ms (5 ms by default) while it runs: a
+  thread that wants the GIL back after a torch op waits for at most that long.
 
 Every variant's row carries ``engine``: how the driver thread spent the timed batch on vLLM's ``LLMEngine`` (steps,
 seconds waiting for the engine core's outputs, processing them, adding requests) and the core's own pace read off
@@ -116,6 +118,16 @@ class EngineTrace:
         }
 
 
+def switched(interval: float, run):
+    """``run()`` with ``sys.setswitchinterval(interval)``, the old interval back after."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(interval)
+    try:
+        return run()
+    finally:
+        sys.setswitchinterval(old)
+
+
 def quantiles(times: list[float]) -> dict:
     """First, quartiles and last of ``times`` (seconds)."""
     xs = sorted(times)
@@ -135,7 +147,7 @@ def main() -> int:
     parser.add_argument(
         "--variants",
         default="chat,chat_vlrl_params,render,generate,path",
-        help="run in this order (also agenerate, render_then_agenerate, path_procs, path_r2)",
+        help="run in this order (also agenerate, render_then_agenerate, path_procs, path_r2, path_si)",
     )
     parser.add_argument("--gather-cap", type=float, default=0.25, help="InprocessVllmEngine(gather_cap_s=)")
     parser.add_argument("--render-workers", type=int, default=8, help="the embedded renderer's threads")
@@ -238,6 +250,7 @@ def main() -> int:
         ("path", lambda b: asyncio.run(path_all(b)), None),
         ("path_procs", lambda b: asyncio.run(path_all(b, in_procs)), None),
         ("path_r2", lambda b: asyncio.run(path_all(b, renderer2.arender if renderer2 else None)), None),
+        ("path_si", lambda b: switched(0.001, lambda: asyncio.run(path_all(b))), None),
         ("agenerate", lambda p: asyncio.run(prerendered_all(p)), lambda b: asyncio.run(render_all(b))),
         ("render_then_agenerate", lambda b: asyncio.run(render_then_agenerate(b)), None),
     ]
