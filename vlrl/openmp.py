@@ -1,6 +1,7 @@
 """OpenMP threads per calling thread: torch runs a CPU op from each new thread on a team of its own, as wide as the
-machine (a 256 x 1176 cast from a fresh thread on 16 threads: 16 more threads in the process), and those teams
-spin between ops on every core. A thread that does small tensor work beside busier ones (render workers, the
+machine (a 256 x 1176 cast from a fresh thread with 16 threads set: 16 more threads in the process), whose threads
+compete for the cores with everything else the process and its neighbours run (libgomp's threads also spin briefly
+after each op before they sleep). A thread that does small tensor work beside busier ones (render workers, the
 in-process vLLM driver) limits its own team (:func:`limit_openmp_here`).
 
 Light module: torch is imported inside the function.
@@ -32,4 +33,5 @@ def _openmp_runtimes() -> tuple[ctypes.CDLL, ...]:
             paths = {line.split()[-1] for line in maps if re.search(r"/lib(g|i|)omp[\w.-]*\.so", line)}
     except OSError:
         return ()
-    return tuple(ctypes.CDLL(path) for path in sorted(paths))
+    libs = [ctypes.CDLL(path) for path in sorted(paths)]
+    return tuple(lib for lib in libs if hasattr(lib, "omp_set_num_threads"))  # not an offload runtime (libomptarget)

