@@ -12,8 +12,8 @@ as five variants on fresh images each (a warm-up batch, then the best of ``--rep
 - ``render_then_agenerate``: every render first, then ``agenerate`` per request (the path without the overlap);
 - ``path_procs``: the path with each render in one of ``--render-workers`` processes (off this process's GIL);
 - ``path_r2``: the path with a renderer of two threads;
-- ``path_si``: the path with the interpreter's thread switch interval at 1 ms (5 ms by default) while it runs: a
-  thread that wants the GIL back after a torch op waits for at most that long.
+- ``path_si``: the path with the interpreter's thread switch interval at 1 ms (5 ms by default) while it runs: how
+  long a thread waiting for the GIL waits before it asks the holder to let go (C code holding it runs on).
 
 Every variant's row carries ``engine``: how the driver thread spent the timed batch on vLLM's ``LLMEngine`` (steps,
 seconds waiting for the engine core's outputs, processing them, adding requests) and the core's own pace read off
@@ -137,7 +137,7 @@ def quantiles(times: list[float]) -> dict:
     }
 
 
-def main() -> int:
+def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out")
     parser.add_argument("--execution", default="graphs")
@@ -152,15 +152,104 @@ def main() -> int:
     parser.add_argument("--gather-cap", type=float, default=0.25, help="InprocessVllmEngine(gather_cap_s=)")
     parser.add_argument("--render-workers", type=int, default=8, help="the embedded renderer's threads")
     parser.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval (GIL hand-offs)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+class Workload:
+    """The variants (module docstring) over one in-process engine: ``table()`` maps a name to ``(run, prepare)``."""
+
+    def __init__(self, args: argparse.Namespace, model_dir, engine, sampling):
+        from vlrl.render.embedded import EmbeddedRenderer
+
+        self.args, self.model_dir, self.engine, self.sampling = args, model_dir, engine, sampling
+        workers = min(args.render_workers, os.cpu_count() or 1)
+        self.renderer = EmbeddedRenderer.from_pretrained(model_dir, workers=workers)
+        self.renderer2 = EmbeddedRenderer.from_pretrained(model_dir, workers=2) if "path_r2" in args.variants else None
+        self.timelines: list[dict] = []  # per path batch: when renders landed and requests finished (s from start)
+        self.procs: ProcessPoolExecutor | None = None  # path_procs: renders in processes of their own
+
+    def params(self, i: int):
+        return self.sampling(temperature=1.0, max_tokens=self.args.max_tokens, ignore_eos=True, seed=i)
+
+    def chat(self, extras: dict):
+        vllm_sampling = importlib.import_module("vllm").SamplingParams  # after vlrl's torchvision guard
+
+        def run(batch) -> int:
+            params = [
+                vllm_sampling(temperature=1.0, max_tokens=self.args.max_tokens, ignore_eos=True, seed=i, **extras)
+                for i in range(len(batch))
+            ]
+            llm = self.engine.llm
+            outs = self.engine._driver.call(
+                lambda: llm.chat(batch, sampling_params=params, use_tqdm=False), when_idle=True
+            )
+            return sum(len(o.outputs[0].token_ids) for o in outs)
+
+        return run
+
+    async def render_all(self, batch):
+        return await asyncio.gather(*(self.renderer.arender(m) for m in batch))
+
+    def generate(self, prompts) -> int:
+        return sum(
+            len(g.token_ids) for g in self.engine.generate(prompts, [self.params(i) for i in range(len(prompts))])
+        )
+
+    def in_procs(self, m):
+        if self.procs is None:
+            spawn = multiprocessing.get_context("spawn")
+            self.procs = ProcessPoolExecutor(self.args.render_workers, spawn, _init_render, (str(self.model_dir),))
+        return asyncio.get_running_loop().run_in_executor(self.procs, _render, m)
+
+    async def path_all(self, batch, render=None) -> int:
+        render = render or self.renderer.arender
+        t0, rendered, done = time.perf_counter(), [], []
+
+        async def one(i, m):
+            prompt = await render(m)
+            rendered.append(time.perf_counter() - t0)
+            n = len((await self.engine.agenerate(prompt, self.params(i))).token_ids)
+            done.append(time.perf_counter() - t0)
+            return n
+
+        n = sum(await asyncio.gather(*(one(i, m) for i, m in enumerate(batch))))
+        self.timelines.append({"rendered": quantiles(rendered), "finished": quantiles(done)})
+        return n
+
+    async def prerendered_all(self, prompts) -> int:  # agenerate per request on rendered prompts: the path - renders
+        async def one(i, p):
+            return len((await self.engine.agenerate(p, self.params(i))).token_ids)
+
+        return sum(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+
+    def table(self) -> dict:
+        from vlrl.vllm.config import BAN_KEY
+
+        ban = {"logprobs": 0, "extra_args": {BAN_KEY: list(self.engine.banned_ids)}}
+        rendered = lambda b: asyncio.run(self.render_all(b))  # noqa: E731
+        path = lambda render=None: lambda b: asyncio.run(self.path_all(b, render))  # noqa: E731
+        second = self.renderer2.arender if self.renderer2 else None
+        return {
+            "chat": (self.chat({}), None),
+            "chat_vlrl_params": (self.chat(ban), None),
+            "render": (lambda b: len(rendered(b)), None),
+            "generate": (self.generate, rendered),
+            "path": (path(), None),
+            "path_procs": (path(self.in_procs), None),
+            "path_r2": (path(second), None),
+            "path_si": (lambda b: switched(0.001, lambda: path()(b)), None),
+            "agenerate": (lambda p: asyncio.run(self.prerendered_all(p)), rendered),
+            "render_then_agenerate": (lambda b: asyncio.run(self.prerendered_all(rendered(b))), None),
+        }
+
+
+def main() -> int:
+    args = parse()
     from vlrl.bench.vllm_paths import fresh_batches  # vlrl first: its torchvision guard before vLLM's import
     from vlrl.engines.types import SamplingParams
     from vlrl.models.build import cached_model_dir
-    from vlrl.render.embedded import EmbeddedRenderer
-    from vlrl.vllm.config import BAN_KEY, ServerConfig
+    from vlrl.vllm.config import ServerConfig
     from vlrl.vllm.inprocess import InprocessVllmEngine
-
-    VllmSampling = importlib.import_module("vllm").SamplingParams  # after vlrl's torchvision guard
 
     model_dir = cached_model_dir("qwen2_5_vl", os.environ.get("VLRL_BREAKDOWN_SIZE", "2b"))
     cfg = ServerConfig(
@@ -173,92 +262,18 @@ def main() -> int:
     )
     engine = InprocessVllmEngine(cfg, gather_cap_s=args.gather_cap)
     trace = EngineTrace(engine.llm.llm_engine)
-    renderer = EmbeddedRenderer.from_pretrained(model_dir, workers=min(args.render_workers, os.cpu_count() or 1))
-    renderer2 = EmbeddedRenderer.from_pretrained(model_dir, workers=2) if "path_r2" in args.variants else None
+    work = Workload(args, model_dir, engine, SamplingParams)
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
     result: dict = {"startup_seconds": round(engine.startup_seconds, 1), "execution": args.execution}
     result.update(gather_cap_s=args.gather_cap, render_workers=args.render_workers, switch_s=sys.getswitchinterval())
     result["threads_at_start"] = len(os.listdir("/proc/self/task"))
-    out = Path(args.out)
-    n_tok = args.max_tokens
-
-    def chat(extras: dict):
-        def run(batch) -> int:
-            params = [
-                VllmSampling(temperature=1.0, max_tokens=n_tok, ignore_eos=True, seed=i, **extras)
-                for i in range(len(batch))
-            ]
-            outs = engine._driver.call(
-                lambda: engine.llm.chat(batch, sampling_params=params, use_tqdm=False), when_idle=True
-            )
-            return sum(len(o.outputs[0].token_ids) for o in outs)
-
-        return run
-
-    async def render_all(batch):
-        return await asyncio.gather(*(renderer.arender(m) for m in batch))
-
-    def generate(prompts) -> int:
-        params = [
-            SamplingParams(temperature=1.0, max_tokens=n_tok, ignore_eos=True, seed=i) for i in range(len(prompts))
-        ]
-        return sum(len(g.token_ids) for g in engine.generate(prompts, params))
-
-    timelines: list[dict] = []  # per path batch: when renders landed and requests finished (seconds from its start)
-
-    procs = None  # path_procs: renders in processes of their own, off this process's GIL
-
-    def in_procs(m):
-        nonlocal procs
-        if procs is None:
-            spawn = multiprocessing.get_context("spawn")
-            procs = ProcessPoolExecutor(args.render_workers, spawn, _init_render, (str(model_dir),))
-        return asyncio.get_running_loop().run_in_executor(procs, _render, m)
-
-    async def path_all(batch, render=renderer.arender) -> int:
-        t0, rendered, done = time.perf_counter(), [], []
-
-        async def one(i, m):
-            prompt = await render(m)
-            rendered.append(time.perf_counter() - t0)
-            sp = SamplingParams(temperature=1.0, max_tokens=n_tok, ignore_eos=True, seed=i)
-            n = len((await engine.agenerate(prompt, sp)).token_ids)
-            done.append(time.perf_counter() - t0)
-            return n
-
-        n = sum(await asyncio.gather(*(one(i, m) for i, m in enumerate(batch))))
-        timelines.append({"rendered": quantiles(rendered), "finished": quantiles(done)})
-        return n
-
-    async def prerendered_all(prompts) -> int:  # agenerate per request on rendered prompts: the path minus renders
-        async def one(i, p):
-            sp = SamplingParams(temperature=1.0, max_tokens=n_tok, ignore_eos=True, seed=i)
-            return len((await engine.agenerate(p, sp)).token_ids)
-
-        return sum(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
-
-    async def render_then_agenerate(batch) -> int:  # the path with every render done before any request
-        return await prerendered_all(await render_all(batch))
-
-    ban = {"logprobs": 0, "extra_args": {BAN_KEY: list(engine.banned_ids)}}
-    variants = [
-        ("chat", chat({}), None),
-        ("chat_vlrl_params", chat(ban), None),
-        ("render", lambda b: len(asyncio.run(render_all(b))), None),
-        ("generate", generate, lambda b: asyncio.run(render_all(b))),
-        ("path", lambda b: asyncio.run(path_all(b)), None),
-        ("path_procs", lambda b: asyncio.run(path_all(b, in_procs)), None),
-        ("path_r2", lambda b: asyncio.run(path_all(b, renderer2.arender if renderer2 else None)), None),
-        ("path_si", lambda b: switched(0.001, lambda: asyncio.run(path_all(b))), None),
-        ("agenerate", lambda p: asyncio.run(prerendered_all(p)), lambda b: asyncio.run(render_all(b))),
-        ("render_then_agenerate", lambda b: asyncio.run(render_then_agenerate(b)), None),
-    ]
-    by_name = {v[0]: v for v in variants}
-    variants = [by_name[name] for name in args.variants.split(",")]  # in the order asked
+    table = work.table()
+    names = args.variants.split(",")  # in the order asked
     for n in [int(x) for x in args.sizes.split(",")]:
-        pool = fresh_batches(n, len(variants) * (1 + args.repeats))
-        for k, (name, run, prepare) in enumerate(variants):
+        pool = fresh_batches(n, len(names) * (1 + args.repeats))
+        for k, name in enumerate(names):
+            run, prepare = table[name]
             batches = pool[k * (1 + args.repeats) : (k + 1) * (1 + args.repeats)]
             try:
                 result.setdefault(name, {})[str(n)] = best(run, batches, prepare or (lambda b: b), trace)
@@ -267,14 +282,13 @@ def main() -> int:
             # a thread's first torch op opens an OpenMP team of its own (vlrl/openmp.py): a jump here is a new team
             result.setdefault(f"{name}_threads_after", {})[str(n)] = len(os.listdir("/proc/self/task"))
             if name.startswith("path"):
-                key = f"{name}_timelines"
-                result[key] = {**result.get(key, {}), str(n): timelines[1:]}
-                timelines.clear()
-            out.write_text(json.dumps(result, indent=1))
+                result.setdefault(f"{name}_timelines", {})[str(n)] = work.timelines[1:]
+                work.timelines.clear()
+            Path(args.out).write_text(json.dumps(result, indent=1))
             print(name, n, result[name][str(n)], flush=True)
     engine.close()
-    if procs is not None:
-        procs.shutdown()
+    if work.procs is not None:
+        work.procs.shutdown()
     return 0
 
 
