@@ -14,9 +14,9 @@ worker extension, the run's limits and execution mode):
   (``vlrl.vllm.items.ItemCodec``, layout read off one item this vLLM rendered), keyed by vlrl's image hash;
 - one driver thread owns the ``LLMEngine``: it builds each request's input (on CUDA on one OpenMP thread), adds it,
   steps, and answers futures, so ``generate`` (a batch) and ``agenerate`` (from any event loop) share one
-  continuous batch; while requests arrive one by one
-  it adds them but does not step (``vlrl.vllm.driver``); weight reloads and cache resets run on
-  it too, once in-flight requests have finished (as the server's ``/pause?mode=wait``);
+  continuous batch; while requests arrive one by one it adds them but does not step (``vlrl.vllm.driver``); weight
+  reloads and cache resets run on it too, once in-flight requests have finished (as the server's
+  ``/pause?mode=wait``);
 - weights: on the GPU the trainer's tensors are pushed by the worker extension's ``vlrl_reload_from_tensors``
   (``vlrl.vllm.tensor_transfer``: CUDA IPC handles, nothing through disk or host); on the CPU (and for partial
   updates) merged into a copy of the served checkpoint that vLLM reloads (``vlrl.vllm.checkpoint``); checksums
@@ -117,13 +117,12 @@ class InprocessVllmEngine:
 
     def engine_input(self, prompt: RenderedPrompt):
         """vLLM's processed prompt: ``token_ids`` and each image's item at the prompt's placeholders, as the server's
-        token-in generate route builds it."""
+        token-in generate route builds it (on the driver's thread; :meth:`_add` checked the placeholders)."""
         from vllm.inputs import TokensPrompt, mm_input
         from vllm.multimodal.inputs import MultiModalKwargsItems, PlaceholderRange
 
         if not prompt.n_images:
             return TokensPrompt(prompt_token_ids=list(prompt.token_ids))
-        check_placeholders(prompt, self.image_token_id)
         items = prompt.engine_features or [self.codec.item(x.pixels, x.grid) for x in pixel_items(prompt, self.codec)]
         return mm_input(
             prompt_token_ids=list(prompt.token_ids),
@@ -149,12 +148,15 @@ class InprocessVllmEngine:
             banned_ids=self.banned_ids,
             allow_truncation=self.allow_truncation,
         )
-        sp = VllmSampling(**fields, output_kind=RequestOutputKind.FINAL_ONLY)
-        if prompt.n_images:
-            check_placeholders(prompt, self.image_token_id)  # bad input fails here, in the caller's thread
-        fut = self._driver.submit(functools.partial(self.engine_input, prompt), sp, waits=waits)
+        fut = self._add(prompt, VllmSampling(**fields, output_kind=RequestOutputKind.FINAL_ONLY), waits)
         fut.weight_version = self.version  # type: ignore[attr-defined]  # a later sync waits for this request
         return fut
+
+    def _add(self, prompt: RenderedPrompt, sp, waits: bool) -> Future:
+        """Placeholders checked here (bad input fails in the caller's thread), the input built on the driver's."""
+        if prompt.n_images:
+            check_placeholders(prompt, self.image_token_id)
+        return self._driver.submit(functools.partial(self.engine_input, prompt), sp, waits=waits)
 
     def generate(
         self, prompts: Sequence[RenderedPrompt], params: SamplingParams | Sequence[SamplingParams] = SamplingParams()
@@ -348,8 +350,7 @@ class InprocessVllmEngine:
         from vllm import SamplingParams as VllmSampling
 
         sp = VllmSampling(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
-        out = self._driver.submit(functools.partial(self.engine_input, prompt), sp, waits=False).result()
-        ids = list(prompt.token_ids)
+        out, ids = self._add(prompt, sp, waits=False).result(), list(prompt.token_ids)
         return [float(e[t].logprob) for t, e in zip(ids[1:], out.prompt_logprobs[1:])]
 
     def close(self) -> None:
