@@ -2,7 +2,8 @@
 machine (a 256 x 1176 cast from a fresh thread with 16 threads set: 16 more threads in the process), whose threads
 compete for the cores with everything else the process and its neighbours run (libgomp's threads also spin briefly
 after each op before they sleep). A thread that does small tensor work beside busier ones (render workers, the
-in-process vLLM driver) limits its own team (:func:`limit_openmp_here`).
+in-process vLLM driver) limits its own team (:func:`limit_openmp_here`), and lifts the limit around code that reads
+its count as the process's (:func:`openmp_threads_here`).
 
 Light module: torch is imported inside the function.
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 def limit_openmp_here(threads: int) -> None:
@@ -23,6 +26,19 @@ def limit_openmp_here(threads: int) -> None:
     torch.get_num_threads()  # torch's own per-thread init first: it would set the count again on the thread's first op
     for runtime in _openmp_runtimes():
         runtime.omp_set_num_threads(threads)
+
+
+@contextmanager
+def openmp_threads_here(threads: int) -> Iterator[None]:
+    """The calling thread's OpenMP count at ``threads`` for the block, its own count back after."""
+    import torch
+
+    before = torch.get_num_threads()  # this thread's count (omp_get_max_threads)
+    limit_openmp_here(threads)
+    try:
+        yield
+    finally:
+        limit_openmp_here(before)
 
 
 @functools.cache

@@ -176,13 +176,39 @@ def test_each_requests_items_are_built_on_the_drivers_thread(engine, tiny, monke
 
 
 def test_a_front_end_driver_runs_torch_on_one_openmp_thread(torch_default_threads):
+    """A front-end driver builds requests on one OpenMP thread; its calls (vLLM's image processing) run at the
+    thread's own count, because vLLM's processing puts the caller's count back as the process's default: from the
+    limited thread it left every thread started later on one (an H200 run of this file at 32a4c06)."""
+    import threading
+    from types import SimpleNamespace
+
+    from vllm.utils.torch_utils import set_default_torch_num_threads
+
     from vlrl.vllm.driver import Driver
 
     if torch_default_threads < 2:
         pytest.skip("torch runs one thread here by default: nothing to limit")
-    drivers = [Driver(None, front_end_only=f) for f in (True, False)]  # started now, under the process default
+
+    def vllm_processing() -> None:
+        with set_default_torch_num_threads():  # as vLLM's renderer wraps each image's processing
+            pass
+
+    def fresh_threads_count() -> int:
+        seen: list[int] = []
+        t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        t.start()
+        t.join()
+        return seen[0]
+
+    built: list[int] = []
+    engine = SimpleNamespace(add_request=lambda rid, made, params: built.append(made), step=list)
+    drivers = [Driver(engine, front_end_only=f) for f in (True, False)]  # started now, under the process default
     try:
-        assert [d.call(torch.get_num_threads) for d in drivers] == [1, torch_default_threads]
+        for d in drivers:
+            d.submit(torch.get_num_threads, None)
+            d.call(vllm_processing)  # after the request's add: jobs run in order
+            assert fresh_threads_count() == torch_default_threads
+        assert built == [1, torch_default_threads]
         assert torch.get_num_threads() == torch_default_threads  # the caller's own count untouched
     finally:
         for d in drivers:

