@@ -4,6 +4,8 @@
 # use), trainer-side references on the CPU as in CI. HTML report, junit and log under $OUT.
 # Usage (device tool, after the bundle's parts were carried and /tmp/vw unpacked; carry your clean copy):
 #   cd CLEAN && bash benchmarks/device/vllm_gpu.sh [pytest args, e.g. a file or --deselect]
+# Two workers as CI runs them (the servers' tests on one, modules without a server beside it; pytest_vlrl.parallel):
+#   bash benchmarks/device/vllm_gpu.sh -n 2 --dist loadgroup --no-loadscope-reorder tests/vllm -k "..."
 set -uo pipefail
 [ -n "${VLRL_DEVICE_ENV:-}" ] || source benchmarks/device/env.sh
 source /tmp/vw/assemble.sh || { echo "no vLLM bundle in /tmp/vw (carry its parts first)"; exit 3; }
