@@ -175,7 +175,7 @@ def test_each_requests_items_are_built_on_the_drivers_thread(engine, tiny, monke
         assert seen[0][1] == 1
 
 
-def test_a_front_end_driver_runs_torch_on_one_openmp_thread(torch_default_threads):
+def test_a_front_end_driver_builds_on_one_openmp_thread_and_leaves_later_threads_the_default(torch_default_threads):
     """A front-end driver builds requests on one OpenMP thread; its calls (vLLM's image processing) run at the
     thread's own count, because vLLM's processing puts the caller's count back as the process's default: from the
     limited thread it left every thread started later on one (an H200 run of this file at 32a4c06)."""

@@ -39,9 +39,9 @@ class Driver:
 
     Inputs are built on this thread, which (``front_end_only``) runs torch's CPU ops on itself: on the caller's
     thread each cast opened an OpenMP team as wide as the machine, competing for the cores with the render workers
-    and vLLM's engine process — suspected (not yet timed without it) of what the concurrent path showed on an H200
-    (256 requests, ``inprocess_breakdown.py`` run 6): renders that take 0.6–0.9 s alone landed over 3.6–3.8 s, and
-    the 256 adds took 1.96 s (0.15 s in ``generate``, where the casts run before any render)."""
+    and vLLM's engine process. On an H200 (256 requests, ``inprocess_breakdown.py``) the concurrent path took 5.66 s
+    with its 256 adds at 1.96 s (run 6), and 4.40 s with the adds at 0.47 s once inputs were built here (run 7,
+    another lease: ``generate`` itself 4.05 → 3.51 s there, so not all of it is this change)."""
 
     def __init__(self, engine, *, gather_s: float = 0.03, gather_cap_s: float = 0.25, front_end_only: bool = False):
         """``front_end_only``: the model runs in another process (vLLM's engine core on CUDA), so this thread's torch
@@ -144,10 +144,14 @@ class Driver:
                 self.engine.add_request(rid, a(), b)
                 self.pending[rid] = fut
             else:
-                with contextlib.nullcontext() if self.own_threads is None else openmp_threads_here(self.own_threads):
+                with self._at_own_threads():
                     fut.set_result(a())
         except BaseException as exc:  # noqa: BLE001 — the caller's future carries it
             fut.set_exception(exc)
+
+    def _at_own_threads(self) -> contextlib.AbstractContextManager:
+        """A call runs at the thread's own OpenMP count where requests run at one (``__init__``: why)."""
+        return contextlib.nullcontext() if self.own_threads is None else openmp_threads_here(self.own_threads)
 
     def _step(self) -> None:
         try:
