@@ -52,7 +52,9 @@ def offline_section(
     from vlrl.models.build import default_cache_root
     from vlrl.vllm.capabilities import vllm_python
 
-    cache = default_cache_root() / "vllm" / "offline"
+    # the compile cache every engine vlrl starts uses (ServerConfig.cache_root): an in-process engine with the same
+    # settings (`--path vlrl --execution compiled`) starts on what this child compiled, not cold again (~200 s, 2b)
+    cache = default_cache_root() / "vllm"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         argv = [vllm_python(), "-m", "vlrl.bench.vllm_offline", str(model_dir), "--out", str(out), "--dtype", dtype]
