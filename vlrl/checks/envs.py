@@ -33,6 +33,23 @@ from vlrl.envs.contract import PLACEHOLDER_PROMPT, Env, EpisodeDoneError, StepRe
 from vlrl.errors import BadInputError, VlrlError
 from vlrl.messages import IMAGE_PART_TYPES, iter_parts, load_image, validate_messages
 
+CHECKS: tuple[str, ...] = (
+    "construct",
+    "init",
+    "types",
+    "messages",
+    "images",
+    "done",
+    "step_after_done",
+    "determinism",
+    "close",
+    "hostile",
+    "no_execution",
+    "canary",
+    "slow",
+)
+"""The names a failure is filed under (:attr:`CheckFailure.check`), in the order :func:`check_env` runs them."""
+
 GENERIC_ACTIONS = [
     "<action>left</action>",
     "<action>stop</action>",
@@ -236,6 +253,18 @@ class _Checker:
         self.close(env, where)
         return transcript
 
+    def determinism(self, seed: int, n_episodes: int, actions: Sequence[str]) -> None:
+        """Each of ``n_episodes`` seeds played twice with the same random script must give the same transcript."""
+        for k in range(n_episodes):
+            script = random.Random(seed + k).choices(actions, k=64)
+            first, second = self.episode(seed + k, script), self.episode(seed + k, script)
+            if first is not None and second is not None and first != second:
+                at = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), min(len(first), len(second)))
+                self.fail(
+                    "determinism",
+                    f"seed {seed + k}: two runs with the same actions differ at {'init' if at == 0 else f'turn {at}'}",
+                )
+
     def hostile(self, texts: Sequence[str], seed: int, sentinel: Any) -> None:
         """Step every text (fresh env whenever the last one finished) under the execution sentinel."""
         env = None
@@ -293,15 +322,7 @@ def check_env(
     if probe is not None:
         actions = list(actions or getattr(probe, "example_actions", None) or GENERIC_ACTIONS)
         checker.close(probe, "probe")
-        for k in range(n_episodes):
-            script = random.Random(seed + k).choices(actions, k=64)
-            first, second = checker.episode(seed + k, script), checker.episode(seed + k, script)
-            if first is not None and second is not None and first != second:
-                at = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), min(len(first), len(second)))
-                checker.fail(
-                    "determinism",
-                    f"seed {seed + k}: two runs with the same actions differ at {'init' if at == 0 else f'turn {at}'}",
-                )
+        checker.determinism(seed, n_episodes, actions)
         with tempfile.TemporaryDirectory(prefix="vlrl-canary-") as tmp:
             texts = fixed_corpus(Path(tmp)) + hypothesis_texts(n_hostile)
             checker.hostile(texts, seed + 10_000, ExecutionSentinel())
@@ -309,21 +330,7 @@ def check_env(
                 checker.fail("canary", f"a canary payload was executed: {trace}")
     report = EnvCheckReport(
         name,
-        (
-            "construct",
-            "init",
-            "types",
-            "messages",
-            "images",
-            "done",
-            "step_after_done",
-            "determinism",
-            "close",
-            "hostile",
-            "no_execution",
-            "canary",
-            "slow",
-        ),
+        CHECKS,
         tuple(checker.failures),
         checker.n_steps,
         len(texts) if probe is not None else 0,
