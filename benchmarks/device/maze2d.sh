@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The maze2d recipe (SFT on the BFS expert, then GRPO) on the GPU host; run files and report under $OUT.
 # Usage (device tool, carry .whl): bash benchmarks/device/maze2d.sh [overrides...]
-# README's GPU runs: sft.steps=30 sft.rows_per_step=16 run.steps=4 rollout.rows_per_step=8 data.eval_rows=16
+# docs/gpu-correctness.md's GPU runs: sft.steps=30 sft.rows_per_step=16 run.steps=4 rollout.rows_per_step=8 data.eval_rows=16
 #   run.eval_every=0 'data.extras={"max_turns":20}' model.dtype=float32|bfloat16 (agreement_runs.sh runs both).
 set -uo pipefail
 source benchmarks/device/env.sh

@@ -33,7 +33,7 @@ elif [ "${SET}" = reuse ]; then  # easy on fresh mazes against the same mazes ag
 --set data.train_rows=200000 --set data.eval_rows=100 --mask-detours --sft-fill processes \
 --plan 5x5:90:0:12:45 --plan easy:${EASY:-380}:0:8:20"
   V=([fresh]="$common --sft-builders 6" [reuse]="$common --sft-builders 1")
-elif [ "${SET}" = lr7 ]; then  # (not yet run) 7x7 with lower, ramped RL lrs (README item 9), two at once
+elif [ "${SET}" = lr7 ]; then  # (not yet run) 7x7 with lower, ramped RL lrs (docs/maze.md item 9), two at once
   common="--init fan_in --sft-warmup 10 --set sft.lr=1e-3 --mask-detours --model small --plan 5x5:150:0:12:60 \
 --plan 7x7:220:170:12:20 --set optim.warmup_steps=5"
   V=([lr3e-5]="$common --set optim.lr=3e-5" [lr1e-5]="$common --set optim.lr=1e-5")
@@ -47,7 +47,7 @@ elif [ "${SET}" = grpo ]; then  # fan-in; a short SFT then a long GRPO at 5x5, a
   V=([sft110]="$common --model tiny --first-turns 60 --plan 5x5:110:340:12"
      [sft150]="$common --model tiny --first-turns 70 --plan 5x5:150:300:12"
      [to7x7]="$common --model small --first-turns 70 --plan 5x5:170:0:12 --plan 7x7:200:40:12")
-elif [ "${SET}" = fan_in ]; then  # fan-in init, SFT on first turns first (README "Maze curriculum")
+elif [ "${SET}" = fan_in ]; then  # fan-in init, SFT on first turns first (docs/maze.md)
   common="--init fan_in --first-turns ${FIRST:-120} --sft-warmup 10 --set sft.lr=1e-3 --mask-detours"
   V=([tiny]="$common --model tiny --set optim.lr=1e-4"
      [small]="$common --model small --set optim.lr=1e-4"

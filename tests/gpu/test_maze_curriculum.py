@@ -1,7 +1,7 @@
 """The maze curriculum on a GPU from random init (`pytest -m gpu`; skipped cleanly without CUDA).
 
 Each level is one parametrized test, trained by :mod:`vlrl.envs.maze_curriculum` under wall-clock budgets that
-fit one 10-minute command (README "Maze curriculum"; earlier runs in benchmarks/results/maze_curriculum_h100/),
+fit one 10-minute command (docs/maze.md; earlier runs in benchmarks/results/maze_curriculum_h100/),
 each level from the weights the one before it ended with (the first from random init). Pass criteria: greedy
 success on the level's fixed seeded eval split (>= 200 mazes) reaches the level's bar, and agreement held
 (``run.agreement=stop``: a breach would have ended the run; the record is checked again here) at every
@@ -31,7 +31,7 @@ class Bar:
 
 
 def fan_in_first_turns(level: str, sft_seconds: float, rl_seconds: float, sft_pool: int) -> LevelPlan:
-    """The plan the CPU runs point to (README "Maze curriculum", item 8): the tiny model drawn with the fan-in
+    """The plan the CPU runs point to (docs/maze.md, item 8): the tiny model drawn with the fan-in
     init, 100 s of SFT on first turns alone, then whole episodes with the detours masked; GRPO at lr 1e-4."""
     return LevelPlan(
         level,
@@ -50,7 +50,7 @@ BARS = {
     # The issue's bar for the smallest level, within one 10-minute command. Measured on an H100 alone
     # (benchmarks/device/maze_curriculum_test.sh; benchmarks/results/maze_curriculum_h100/test_5x5): 1,415 SFT
     # steps, 32 GRPO steps, 200/200 after SFT and after GRPO, 357 s. The levels above 5x5 get their bars once
-    # a run has reached them (7x7: 63.0 % after 330 s of SFT alone, 23.0 % from the same command again; README).
+    # a run has reached them (7x7: 63.0 % after 330 s of SFT alone, 23.0 % from the same command again; docs/maze.md).
     "5x5": Bar(fan_in_first_turns("5x5", sft_seconds=240, rl_seconds=100, sft_pool=12), success=0.95),
 }
 

@@ -86,7 +86,7 @@ def init_weights_(model, seed: int, std: float, scheme: InitScheme = "normal") -
     matrix scales its input by about 0.02 * sqrt(64) = 0.16. Trained as SFT trains a maze policy (the reply over
     the whole vocabulary), the tiny model drawn so kept its first move at chance (direction cross-entropy 1.35 after
     400 steps, ln 4 = 1.39; its vision tower's gradient fell to ~1e-3) where drawn by ``fan_in`` it learned it
-    (0.23, held-out 83 %): benchmarks/results/maze_reply_probe_cpu.json, README "Maze curriculum"."""
+    (0.23, held-out 83 %): benchmarks/results/maze_reply_probe_cpu.json, docs/maze.md."""
     import torch
 
     if scheme not in ("normal", "fan_in"):
