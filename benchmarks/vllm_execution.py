@@ -8,7 +8,12 @@ timed in turn with it).
 token-in/token-out with the logprob contract) against raw offline in the same call, per ``--inprocess-modes``.
 A mode is ``ServerConfig.execution`` (eager, graphs, compiled), ``+mp`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=1``
 (on CUDA vLLM 0.26 the engine core had a process of its own either way), ``+apiN`` with N API processes
-(``graphs+api4``). The JSON is written after each part, so a command cut by its clock keeps what it measured.
+(``graphs+api4``). The JSON is written after each part, so a command cut by its clock keeps what it measured;
+``--deadline-s`` (the caller's clock) cuts an offline or in-process child first, keeping its numbers so far.
+The offline child compiles into the cache vlrl's engines use, so ``--inprocess-modes compiled`` after it starts warm:
+
+    timeout 590 python3 benchmarks/vllm_execution.py OUT.json --parts offline,inprocess --inprocess-modes compiled \
+        --sizes 64,256 --deadline-s 580
 """
 
 from __future__ import annotations
@@ -97,7 +102,21 @@ def main() -> int:
     parser.add_argument("--modes", default="graphs+mp,graphs")
     parser.add_argument("--parts", default="offline,embedded,modes", help="which parts (+ inprocess), in order")
     parser.add_argument("--inprocess-modes", default="graphs", help="the inprocess part's execution modes")
+    parser.add_argument(
+        "--deadline-s",
+        type=float,
+        default=None,
+        help="seconds for the whole command: each offline/inprocess child is cut (keeping what it measured) before "
+        "then, instead of the caller's clock killing this process with the child's numbers unread",
+    )
     args = parser.parse_args()
+    t_start = time.perf_counter()
+
+    def child_clock() -> dict:
+        if args.deadline_s is None:
+            return {}
+        return {"timeout_s": max(30.0, min(480.0, args.deadline_s - (time.perf_counter() - t_start) - 15))}
+
     from vlrl.models.build import cached_model_dir
 
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -120,17 +139,22 @@ def main() -> int:
         t0 = time.perf_counter()
         try:
             if part == "offline":
-                result["offline"] = offline_section(model_dir, sizes, args.max_tokens, args.repeats, args.dtype)
+                result["offline"] = offline_section(
+                    model_dir, sizes, args.max_tokens, args.repeats, args.dtype, **child_clock()
+                )
             elif part == "inprocess":  # vlrl's in-process vLLM engine, one child per mode (vlrl.vllm.inprocess)
                 for mode in args.inprocess_modes.split(","):
-                    r = offline_section(
-                        model_dir, sizes, args.max_tokens, args.repeats, args.dtype, path="vlrl", execution=mode
+                    result[f"inprocess_{mode}"] = offline_section(
+                        model_dir,
+                        sizes,
+                        args.max_tokens,
+                        args.repeats,
+                        args.dtype,
+                        path="vlrl",
+                        execution=mode,
+                        **child_clock(),
                     )
-                    for n, t in r.items():
-                        base = result.get("offline", {}).get(n, {})
-                        if isinstance(t, dict) and "tok_per_s" in t and "tok_per_s" in base:
-                            t["over_offline"] = round(t["tok_per_s"] / base["tok_per_s"], 3)
-                    result[f"inprocess_{mode}"] = r
+                    over_offline(result)
                     save()
             elif part == "embedded":
                 result["embedded"] = embedded(model_dir, sizes, args.max_tokens, args.repeats, args.dtype)
@@ -146,8 +170,20 @@ def main() -> int:
         except Exception as exc:  # noqa: BLE001 — recorded, the other parts still run
             result[f"{part}_error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:1500]}"
         result[f"{part}_wall_seconds"] = round(time.perf_counter() - t0, 1)
+        over_offline(result)  # whichever part ran first
         save()
     return 0
+
+
+def over_offline(result: dict) -> None:
+    """Each in-process size's ``over_offline``: its tok/s over raw offline's at that size, where both ran."""
+    for key, r in result.items():
+        if not key.startswith("inprocess_") or not isinstance(r, dict):
+            continue
+        for n, t in r.items():
+            base = result.get("offline", {}).get(n, {})
+            if isinstance(t, dict) and "tok_per_s" in t and "tok_per_s" in base:
+                t["over_offline"] = round(t["tok_per_s"] / base["tok_per_s"], 3)
 
 
 if __name__ == "__main__":
