@@ -324,7 +324,6 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
         rl_steps = rl_phase(run, plan, t_sft + plan.rl_seconds, evals, time.time() - e0)
         if rl_steps:
             evals.append(evaluate(run, rl_steps, "after"))
-        if rl_steps:
             weights = save_weights(run, Path(out) / "weights")
         result = LevelResult(
             plan.level,
@@ -336,17 +335,7 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
             round(time.time() - t_sft, 1),
             tuple(evals),
             str(weights),
-            _config_row(cfg)
-            | {
-                "model": plan.model,
-                "init": plan.init,
-                "first_turns": plan.first_turns,
-                "n_params": sum(p.numel() for p in run.model.parameters()),
-                "sft_lr_scale": dict(plan.sft_lr_scale),
-                "mask_detours": plan.mask_detours,
-                "sft_pool": plan.sft_pool,
-                "sft_until": plan.sft_until,
-            },
+            _config_row(cfg) | _plan_row(plan, run.model),
         )
         summary = {
             "name": cfg.name,
@@ -363,6 +352,20 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
         run.close()
     write_report(out)
     return result
+
+
+def _plan_row(plan: LevelPlan, model) -> dict[str, Any]:
+    """The plan's own choices (beside the config's, :func:`_config_row`) for the success-vs-compute table."""
+    return {
+        "model": plan.model,
+        "init": plan.init,
+        "first_turns": plan.first_turns,
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "sft_lr_scale": dict(plan.sft_lr_scale),
+        "mask_detours": plan.mask_detours,
+        "sft_pool": plan.sft_pool,
+        "sft_until": plan.sft_until,
+    }
 
 
 def _config_row(cfg) -> dict[str, Any]:
