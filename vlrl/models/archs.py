@@ -128,6 +128,23 @@ def config_dict(arch: str, size: Size, vocab_size: int, token_ids: dict[str, int
         eos_token_id=token_ids["<|im_end|>"],
         pad_token_id=token_ids["<|endoftext|>"],
     )
+    if arch == "qwen3_vl":
+        text["head_dim"] = size.head_dim
+    vision = _vision_config(arch, size)
+    return dict(
+        model_type=arch,
+        text_config=text,
+        vision_config=vision,
+        image_token_id=token_ids["<|image_pad|>"],
+        video_token_id=token_ids["<|video_pad|>"],
+        vision_start_token_id=token_ids["<|vision_start|>"],
+        vision_end_token_id=token_ids["<|vision_end|>"],
+        tie_word_embeddings=size.tie_word_embeddings,
+    )
+
+
+def _vision_config(arch: str, size: Size) -> dict[str, Any]:
+    """The vision tower's part of :func:`config_dict`: what the three architectures share, then each one's own."""
     vision: dict[str, Any] = dict(
         depth=size.vision_depth,
         num_heads=size.vision_heads,
@@ -152,7 +169,6 @@ def config_dict(arch: str, size: Size, vocab_size: int, token_ids: dict[str, int
             fullatt_block_indexes=[i for i in range(size.vision_depth) if i % 8 == 7] or [size.vision_depth - 1],
         )
     else:
-        text["head_dim"] = size.head_dim
         vision.update(
             hidden_size=size.vision_hidden,
             intermediate_size=size.vision_intermediate,
@@ -162,16 +178,7 @@ def config_dict(arch: str, size: Size, vocab_size: int, token_ids: dict[str, int
             if size.vision_depth >= 8
             else [0],
         )
-    return dict(
-        model_type=arch,
-        text_config=text,
-        vision_config=vision,
-        image_token_id=token_ids["<|image_pad|>"],
-        video_token_id=token_ids["<|video_pad|>"],
-        vision_start_token_id=token_ids["<|vision_start|>"],
-        vision_end_token_id=token_ids["<|vision_end|>"],
-        tie_word_embeddings=size.tie_word_embeddings,
-    )
+    return vision
 
 
 def image_processor_kwargs(arch: str, size: Size) -> dict:
