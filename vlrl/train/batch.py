@@ -169,6 +169,18 @@ def collate_trained(trajectories: Sequence[Trajectory], spec: CollateSpec) -> Ba
     return collate(usable, spec) if usable else None
 
 
+def _shared_temperature(trajectories: Sequence[Trajectory]) -> float:
+    """The one sampling temperature of ``trajectories``; raises naming a few of each when they differ."""
+    temps = sorted({float(t.temperature) for t in trajectories})
+    if len(temps) > 1:
+        by_t = {T: [t.uid for t in trajectories if float(t.temperature) == T][:3] for T in temps}
+        raise BatchIntegrityError(
+            f"trajectories of one batch must share a temperature, got {by_t} "
+            "(the trainer's logprobs use one T per batch)"
+        )
+    return temps[0]
+
+
 def collate(
     trajectories: Sequence[Trajectory], spec: CollateSpec, *, top_logprobs: Sequence[TopLogprobs] | None = None
 ) -> Batch:
@@ -179,13 +191,7 @@ def collate(
     """
     if not trajectories:
         raise BatchIntegrityError("cannot collate an empty list of trajectories")
-    temps = sorted({float(t.temperature) for t in trajectories})
-    if len(temps) > 1:
-        by_t = {T: [t.uid for t in trajectories if float(t.temperature) == T][:3] for T in temps}
-        raise BatchIntegrityError(
-            f"trajectories of one batch must share a temperature, got {by_t} "
-            "(the trainer's logprobs use one T per batch)"
-        )
+    temperature = _shared_temperature(trajectories)
     for t in trajectories:
         check_trajectory(t, spec)
     width = max(len(t.prompt_ids) + len(t.response_ids) for t in trajectories)
@@ -229,7 +235,7 @@ def collate(
         prompt_lens=torch.tensor([len(t.prompt_ids) for t in trajectories]),
         groups=torch.tensor([t.group for t in trajectories], dtype=torch.long),
         uids=tuple(t.uid for t in trajectories),
-        temperature=temps[0],
+        temperature=temperature,
         engine_topk=_collect_topk(trajectories, top_logprobs),
     )
 
