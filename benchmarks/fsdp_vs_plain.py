@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 from pathlib import Path
 
@@ -105,6 +106,7 @@ def summary(args, d, times: dict, losses: dict) -> dict:
         "group_fraction": args.group_fraction,
         "pairs": args.steps,
         "fsdp_over_plain_step_time": statistics.median(pairs),
+        "fsdp_over_plain_step_time_ci95": median_ci95(pairs),
         "fsdp_over_plain_update_time": statistics.median(updates),
         "pair_ratios": pairs,
         "ratio_of_median_steps": statistics.median(times["fsdp"]["step_s"])
@@ -113,6 +115,15 @@ def summary(args, d, times: dict, losses: dict) -> dict:
         "loss_max_abs_diff": max(abs(a - b) for a, b in zip(losses["fsdp"], losses["plain"], strict=True)),
         **{side: {**t, **{f"{k}_median": statistics.median(v) for k, v in t.items()}} for side, t in times.items()},
     }
+
+
+def median_ci95(values: list[float], resamples: int = 4000, seed: int = 0) -> tuple[float, float]:
+    """A 95 % bootstrap interval of the median of ``values`` (percentile method, seeded): how far the pairs' median
+    could move with other pairs of the same kind. Neighbouring steps differ by up to ±20 % on the GPU host, so one
+    run's median alone says little about where the bar lies against it."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,54 @@
+"""The one-rank FSDP2/plain pair ratios of every committed ``benchmarks/fsdp_vs_plain.py`` run, per run and pooled.
+
+Each run's median of pair ratios, with a 95 % bootstrap interval (``fsdp_vs_plain.median_ci95``), and the same over
+all runs' pairs together: the runs differ in micro-batch and FSDP group size, whose effect measured below the spread
+between runs (benchmarks/results/fsdp_h100/59cbb6e/README.md), so the pooled figure is the best estimate of the
+one-rank overhead the FSDP issue bounds at 1.10.
+
+    python benchmarks/fsdp_pairs_pooled.py OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fsdp_vs_plain import median_ci95
+
+
+def main() -> int:
+    root = Path(__file__).resolve().parent / "results" / "fsdp_h100"
+    runs, pooled = [], []
+    for path in sorted(root.glob("*/fsdp_vs_plain*.json")):
+        d = json.loads(path.read_text())
+        pairs = d["pair_ratios"]
+        pooled += pairs
+        runs.append(
+            {
+                "file": str(path.relative_to(root.parent.parent.parent)),
+                "micro_batch": d.get("micro_batch"),
+                "group_fraction": d.get("group_fraction"),
+                "pairs": len(pairs),
+                "median": round(statistics.median(pairs), 3),
+                "ci95": [round(x, 3) for x in median_ci95(pairs)],
+            }
+        )
+    result = {
+        "runs": runs,
+        "pooled": {
+            "pairs": len(pooled),
+            "median": round(statistics.median(pooled), 3),
+            "ci95": [round(x, 3) for x in median_ci95(pooled)],
+        },
+    }
+    Path(sys.argv[1]).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["pooled"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
