@@ -145,7 +145,8 @@ class Driver:
                 self.pending[rid] = fut
             else:
                 with self._at_own_threads():
-                    fut.set_result(a())
+                    result = a()
+                fut.set_result(result)  # the waiter's callbacks run after the count is back
         except BaseException as exc:  # noqa: BLE001 — the caller's future carries it
             fut.set_exception(exc)
 
