@@ -4,6 +4,8 @@ as five variants on fresh images each (a warm-up batch, then the best of ``--rep
 
 - ``chat``: ``LLM.chat`` as a plain user calls it (vLLM renders and processes the images itself);
 - ``chat_vlrl_params``: the same with vlrl's per-request extras (the sampled token's logprob, the vision-token ban);
+  ``chat_logprobs`` and ``chat_ban`` with one of the two each; ``chat_logprobs_raw`` the logprob alone, not
+  detokenized (vlrl's generate asks ``detokenize=False``, which also leaves the logprob tokens undecoded);
 - ``render``: the embedded renderer alone, all of a batch concurrently (its thread pool);
 - ``generate``: vlrl's ``generate`` on prompts rendered beforehand (the engine alone);
 - ``path``: the bench's vlrl path: render and ``agenerate`` per request, all concurrently (``path_timelines``: when
@@ -18,7 +20,9 @@ as five variants on fresh images each (a warm-up batch, then the best of ``--rep
 Every variant's row carries ``engine``: how the driver thread spent the timed batch on vLLM's ``LLMEngine`` (steps,
 seconds waiting for the engine core's outputs, processing them, adding requests) and the core's own pace read off
 its outputs' timestamps (``core_step_ms``: between consecutive output batches; ``lag_ms``: an output's age when the
-front end took it) — whether the engine core or the front end sets the time.
+front end took it) — whether the engine core or the front end sets the time. Every row also carries ``cpu_s``:
+the CPU seconds each of this process's threads (by name; threads that ended are not counted) and the engine core's
+process spent over the timed batch.
 
     python3 benchmarks/inprocess_breakdown.py OUT.json [--execution graphs] [--sizes 64,256]
 """
@@ -32,6 +36,7 @@ import json
 import multiprocessing
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -41,21 +46,67 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def best(run, batches, prepare=lambda b: b, trace=None) -> dict:
     """``run(prepare(batch))`` once as the warm-up, then timed on each later batch; the fastest kept (with its
-    ``trace`` summary)."""
+    ``trace`` summary and ``cpu_s``: :func:`cpu_seconds` over it)."""
     run(prepare(batches[0]))
-    times, tokens, engine = [], 0, []
+    times, tokens, engine, cpu = [], 0, [], []
     for batch in batches[1:]:
         ready = prepare(batch)
         if trace is not None:
             trace.summary()  # the warm-up's and the preparation's rows dropped
+        before = cpu_seconds()
         t0 = time.perf_counter()
         tokens = run(ready)
         times.append(time.perf_counter() - t0)
+        cpu.append(cpu_delta(before, cpu_seconds()))
         engine.append(trace.summary() if trace is not None else {})
     k = times.index(min(times))
     s = times[k]
     row = {"seconds": round(s, 4), "tokens": tokens, "tok_per_s": round(tokens / s, 1), "all_seconds": times}
+    row["cpu_s"] = cpu[k]
     return {**row, "engine": engine[k]} if trace is not None else row
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) so far of each of this process's threads (``"<name> <tid>"``, a thread's name as
+    Linux keeps it: an OpenMP team's threads carry their opener's) and of each child process (``"child <name>
+    <pid>"``: vLLM's engine core). Which threads burn the cores beside the engine: a wide OpenMP team spins after
+    each op it runs."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for thread in threading.enumerate():  # Python's names onto Linux's, which new threads (OpenMP teams) inherit
+        try:
+            Path(f"/proc/self/task/{thread.native_id}/comm").write_text(thread.name[:15])
+        except OSError:
+            pass
+
+    def read(path: str, label: str) -> None:
+        try:
+            text = Path(path).read_text()
+        except OSError:  # ended meanwhile
+            return
+        name, fields = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+        out[f"{label}{name} {Path(path).parent.name}"] = (int(fields[11]) + int(fields[12])) / tick
+
+    for tid in os.listdir("/proc/self/task"):
+        read(f"/proc/self/task/{tid}/stat", "")
+        try:
+            children = Path(f"/proc/self/task/{tid}/children").read_text().split()
+        except OSError:
+            children = []
+        for pid in children:
+            read(f"/proc/{pid}/stat", "child ")
+    return out
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds spent between the two :func:`cpu_seconds`: ``threads`` (this process's, all), the 16 busiest
+    threads and children by name and id, and ``threads_over_10ms`` (how many of this process's threads ran that long:
+    a spinning OpenMP team shows as a block of equal ones)."""
+    spent = {key: t - before.get(key, 0.0) for key, t in after.items()}
+    mine = {k: v for k, v in spent.items() if not k.startswith("child ")}
+    out = {"threads": round(sum(mine.values()), 2), "threads_over_10ms": sum(1 for v in mine.values() if v >= 0.01)}
+    busiest = sorted(spent.items(), key=lambda kv: -kv[1])[:16]
+    return {**out, **{k: round(v, 2) for k, v in busiest if v >= 0.01}}
 
 
 _RENDERER = None  # a render process's own renderer (path_procs)
@@ -147,7 +198,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--variants",
         default="chat,chat_vlrl_params,render,generate,path",
-        help="run in this order (also agenerate, render_then_agenerate, path_procs, path_r2, path_si)",
+        help="run in this order (also chat_logprobs, chat_logprobs_raw, chat_ban, agenerate, render_then_agenerate, "
+        "path_procs, path_r2, path_si)",
     )
     parser.add_argument("--gather-cap", type=float, default=0.25, help="InprocessVllmEngine(gather_cap_s=)")
     parser.add_argument("--render-workers", type=int, default=8, help="the embedded renderer's threads")
@@ -225,13 +277,17 @@ class Workload:
     def table(self) -> dict:
         from vlrl.vllm.config import BAN_KEY
 
-        ban = {"logprobs": 0, "extra_args": {BAN_KEY: list(self.engine.banned_ids)}}
+        only_ban = {"extra_args": {BAN_KEY: list(self.engine.banned_ids)}}
+        ban = {"logprobs": 0, **only_ban}
         rendered = lambda b: asyncio.run(self.render_all(b))  # noqa: E731
         path = lambda render=None: lambda b: asyncio.run(self.path_all(b, render))  # noqa: E731
         second = self.renderer2.arender if self.renderer2 else None
         return {
             "chat": (self.chat({}), None),
             "chat_vlrl_params": (self.chat(ban), None),
+            "chat_logprobs": (self.chat({"logprobs": 0}), None),
+            "chat_logprobs_raw": (self.chat({"logprobs": 0, "detokenize": False}), None),
+            "chat_ban": (self.chat(only_ban), None),
             "render": (lambda b: len(rendered(b)), None),
             "generate": (self.generate, rendered),
             "path": (path(), None),

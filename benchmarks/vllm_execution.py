@@ -10,6 +10,8 @@ A mode is ``ServerConfig.execution`` (eager, graphs, compiled), ``+mp`` with ``V
 (on CUDA vLLM 0.26 the engine core had a process of its own either way), ``+apiN`` with N API processes
 (``graphs+api4``). The JSON is written after each part, so a command cut by its clock keeps what it measured;
 ``--deadline-s`` (the caller's clock) cuts an offline or in-process child first, keeping its numbers so far.
+``--parts offline_logprobs`` adds raw offline asking each sampled token's logprob as vlrl's path does (vLLM carries
+them per request per step: ``benchmarks/vllm_logprob_wire.py``); in-process rows then carry ``over_offline_logprobs``.
 The offline child compiles into the cache vlrl's engines use, so ``--inprocess-modes compiled`` after it starts warm:
 
     timeout 590 python3 benchmarks/vllm_execution.py OUT.json --parts offline,inprocess --inprocess-modes compiled \
@@ -100,7 +102,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--modes", default="graphs+mp,graphs")
-    parser.add_argument("--parts", default="offline,embedded,modes", help="which parts (+ inprocess), in order")
+    parser.add_argument(
+        "--parts", default="offline,embedded,modes", help="which parts (+ inprocess, offline_logprobs), in order"
+    )
     parser.add_argument("--inprocess-modes", default="graphs", help="the inprocess part's execution modes")
     parser.add_argument(
         "--deadline-s",
@@ -138,9 +142,10 @@ def main() -> int:
     for part in args.parts.split(","):
         t0 = time.perf_counter()
         try:
-            if part == "offline":
-                result["offline"] = offline_section(
-                    model_dir, sizes, args.max_tokens, args.repeats, args.dtype, **child_clock()
+            if part in ("offline", "offline_logprobs"):  # the second asks each token's logprob, as vlrl's path does
+                path = "raw_logprobs" if part == "offline_logprobs" else "raw"
+                result[part] = offline_section(
+                    model_dir, sizes, args.max_tokens, args.repeats, args.dtype, path=path, **child_clock()
                 )
             elif part == "inprocess":  # vlrl's in-process vLLM engine, one child per mode (vlrl.vllm.inprocess)
                 for mode in args.inprocess_modes.split(","):
@@ -176,14 +181,16 @@ def main() -> int:
 
 
 def over_offline(result: dict) -> None:
-    """Each in-process size's ``over_offline``: its tok/s over raw offline's at that size, where both ran."""
+    """Each in-process size's ``over_offline`` (``over_offline_logprobs``): its tok/s over raw offline's (raw offline
+    asking each token's logprob) at that size, where both ran."""
     for key, r in result.items():
         if not key.startswith("inprocess_") or not isinstance(r, dict):
             continue
         for n, t in r.items():
-            base = result.get("offline", {}).get(n, {})
-            if isinstance(t, dict) and "tok_per_s" in t and "tok_per_s" in base:
-                t["over_offline"] = round(t["tok_per_s"] / base["tok_per_s"], 3)
+            for ref in ("offline", "offline_logprobs"):
+                base = result.get(ref, {}).get(n, {})
+                if isinstance(t, dict) and "tok_per_s" in t and "tok_per_s" in base:
+                    t[f"over_{ref}"] = round(t["tok_per_s"] / base["tok_per_s"], 3)
 
 
 if __name__ == "__main__":

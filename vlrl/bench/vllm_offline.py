@@ -6,6 +6,10 @@ URI that vLLM processes itself, all of a batch's conversations in one call, ``ig
 Only memory is set, because the bench's own process already holds the policy: the KV cache to ``kv_cache_gib``
 and the start-up check's fraction to ``gpu_memory_utilization``.
 
+``--path raw_logprobs`` is the same raw ``LLM.chat`` asking each sampled token's logprob as vlrl does
+(``logprobs=0``, ``detokenize=False``): what vLLM's own per-token logprob transport costs a plain user
+(``benchmarks/vllm_logprob_wire.py``), the reference that asks vLLM for what vlrl's path asks.
+
 ``--path vlrl`` times vlrl's in-process vLLM engine (``vlrl.vllm.inprocess``) in the same way, the path a run takes
 with ``rollout.vllm_mode=inprocess``: each conversation rendered by the embedded renderer (threads), then generated
 token-in/token-out under the logprob contract with the prompt's own tensors, all of a batch concurrently; the
@@ -86,6 +90,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.path == "vlrl":
         return measure_vlrl(args)
+    extras: dict[str, Any] = {"logprobs": 0, "detokenize": False} if args.path == "raw_logprobs" else {}
     t0 = time.perf_counter()
     llm = LLM(
         model=args.model_dir,
@@ -100,7 +105,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     def run(batch: list[list[Any]]) -> int:
         params = [
-            SamplingParams(temperature=1.0, max_tokens=args.max_tokens, ignore_eos=True, seed=i)
+            SamplingParams(temperature=1.0, max_tokens=args.max_tokens, ignore_eos=True, seed=i, **extras)
             for i in range(len(batch))
         ]
         outputs = llm.chat(batch, sampling_params=params, use_tqdm=False)
@@ -180,7 +185,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kv-cache-gib", type=int, default=16)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
-    parser.add_argument("--path", choices=("raw", "vlrl"), default="raw", help="raw LLM.chat, or vlrl in-process")
+    parser.add_argument(
+        "--path",
+        choices=("raw", "raw_logprobs", "vlrl"),
+        default="raw",
+        help="raw LLM.chat, the same asking each token's logprob, or vlrl in-process",
+    )
     parser.add_argument("--execution", default="auto", help="--path vlrl: ServerConfig.execution")
     measure(parser.parse_args(argv))
     return 0
