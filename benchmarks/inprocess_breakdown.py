@@ -202,6 +202,8 @@ def parse() -> argparse.Namespace:
         "path_procs, path_r2, path_si)",
     )
     parser.add_argument("--gather-cap", type=float, default=0.25, help="InprocessVllmEngine(gather_cap_s=)")
+    parser.add_argument("--logprobs-from", choices=("vllm", "sampler"), default="vllm", help="InprocessVllmEngine's")
+    parser.add_argument("--ban", choices=("processor", "bad_words"), default="processor", help="InprocessVllmEngine's")
     parser.add_argument("--render-workers", type=int, default=8, help="the embedded renderer's threads")
     parser.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval (GIL hand-offs)")
     return parser.parse_args()
@@ -277,7 +279,11 @@ class Workload:
     def table(self) -> dict:
         from vlrl.vllm.config import BAN_KEY
 
-        only_ban = {"extra_args": {BAN_KEY: list(self.engine.banned_ids)}}
+        only_ban: dict = {"extra_args": {BAN_KEY: list(self.engine.banned_ids)}}
+        if self.engine.ban == "bad_words":  # as the engine sends it (--ban bad_words)
+            from vlrl.vllm.ban import ban_as_bad_words
+
+            only_ban = {"bad_words": ban_as_bad_words(self.engine.llm.get_tokenizer(), self.engine.banned_ids)}
         ban = {"logprobs": 0, **only_ban}
         rendered = lambda b: asyncio.run(self.render_all(b))  # noqa: E731
         path = lambda render=None: lambda b: asyncio.run(self.path_all(b, render))  # noqa: E731
@@ -316,12 +322,13 @@ def main() -> int:
         gpu_memory_utilization=0.3,
         execution=args.execution,
     )
-    engine = InprocessVllmEngine(cfg, gather_cap_s=args.gather_cap)
+    engine = InprocessVllmEngine(cfg, gather_cap_s=args.gather_cap, logprobs_from=args.logprobs_from, ban=args.ban)
     trace = EngineTrace(engine.llm.llm_engine)
     work = Workload(args, model_dir, engine, SamplingParams)
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
     result: dict = {"startup_seconds": round(engine.startup_seconds, 1), "execution": args.execution}
+    result.update(logprobs_from=args.logprobs_from, ban=args.ban)
     result.update(gather_cap_s=args.gather_cap, render_workers=args.render_workers, switch_s=sys.getswitchinterval())
     result["threads_at_start"] = len(os.listdir("/proc/self/task"))
     table = work.table()

@@ -10,8 +10,12 @@ A mode is ``ServerConfig.execution`` (eager, graphs, compiled), ``+mp`` with ``V
 (on CUDA vLLM 0.26 the engine core had a process of its own either way), ``+apiN`` with N API processes
 (``graphs+api4``). The JSON is written after each part, so a command cut by its clock keeps what it measured;
 ``--deadline-s`` (the caller's clock) cuts an offline or in-process child first, keeping its numbers so far.
-``--parts offline_logprobs`` adds raw offline asking each sampled token's logprob as vlrl's path does (vLLM carries
-them per request per step: ``benchmarks/vllm_logprob_wire.py``); in-process rows then carry ``over_offline_logprobs``.
+An in-process mode ``compiled+sampler`` runs the engine with ``logprobs_from="sampler"`` (each token's logprob kept
+in vLLM's worker: ``vlrl.vllm.sampled_logprobs``), ``+badwords`` with ``ban="bad_words"`` (no custom logits
+processor, so vLLM 0.26 may run its model runner V2 as raw offline does; not with ``+sampler``, which needs V1).
+``--parts offline_logprobs`` adds raw offline asking each sampled token's logprob as vlrl's path does (vLLM
+carries them per request per step: ``benchmarks/vllm_logprob_wire.py``); in-process rows then carry
+``over_offline_logprobs``.
 The offline child compiles into the cache vlrl's engines use, so ``--inprocess-modes compiled`` after it starts warm:
 
     timeout 590 python3 benchmarks/vllm_execution.py OUT.json --parts offline,inprocess --inprocess-modes compiled \
@@ -149,6 +153,7 @@ def main() -> int:
                 )
             elif part == "inprocess":  # vlrl's in-process vLLM engine, one child per mode (vlrl.vllm.inprocess)
                 for mode in args.inprocess_modes.split(","):
+                    execution, *options = mode.split("+")
                     result[f"inprocess_{mode}"] = offline_section(
                         model_dir,
                         sizes,
@@ -156,7 +161,9 @@ def main() -> int:
                         args.repeats,
                         args.dtype,
                         path="vlrl",
-                        execution=mode,
+                        execution=execution,
+                        logprobs_from="sampler" if "sampler" in options else "vllm",
+                        ban="bad_words" if "badwords" in options else "processor",
                         **child_clock(),
                     )
                     over_offline(result)

@@ -108,6 +108,8 @@ def test_a_negative_number_is_refused_naming_the_key(section, name):
         "rollout.max_tokens=3.5",
         "run.progress=maybe",
         "[model]=1",
+        "rollout.vllm_logprobs=sampler",  # needs rollout.engine=vllm and rollout.vllm_mode=inprocess
+        "rollout.vllm_logprobs=worker",
     ],
 )
 def test_other_impossible_values_are_refused(override):

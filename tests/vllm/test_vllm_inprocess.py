@@ -50,12 +50,52 @@ def test_starting_vllm_leaves_this_process_as_it_was(engine):
     run). vLLM's own variables (``LD_PRELOAD``, ...) are its own."""
     import os
 
-    from vlrl.vllm.inprocess import INPROCESS_ENV
+    from vlrl.vllm.inprocess_env import INPROCESS_ENV
 
     env, setter = engine.process_before
     for key in (*INPROCESS_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_WORKER_MULTIPROC_METHOD"):
         assert os.environ.get(key) == env.get(key), key
     assert torch.set_num_threads is setter
+
+
+@pytest.fixture(scope="module")
+def sampler_engine(vlrl_model_dir):
+    require_vllm()
+    from vlrl.vllm.inprocess import InprocessVllmEngine
+
+    config = ServerConfig(str(vlrl_model_dir(ARCH)), kv_cache_gib=1)
+    eng = InprocessVllmEngine(config, logprobs_from="sampler", ban="bad_words")
+    yield eng
+    eng.close()
+
+
+def test_the_samplers_kept_logprobs_and_bad_words_give_what_vllms_own_routes_give(engine, sampler_engine, tiny):
+    """``logprobs_from="sampler"`` (``vlrl.vllm.sampled_logprobs``) with the ban as ``bad_words``
+    (``vlrl.vllm.ban.ban_as_bad_words``): the same tokens and, bitwise, the same logprobs as vLLM's per-request
+    route with vlrl's logits processor, for requests finishing at different steps (lengths, a stop string) and
+    temperatures, in one batch and concurrently, with and without a request asking its top k beside them (vLLM
+    then computes logprobs for the batch anyway); and against the trainer, the probe's decode steps. (The engine
+    started only once its ban check passed: ``check_ban_applied``.)"""
+    bundle = tiny(ARCH)
+    prompts = [bundle.renderer.render(c[0]) for c in conversations().values()][:4]
+    greedy = engine.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))[0]
+    stop = greedy.text[len(greedy.text) // 2 : len(greedy.text) // 2 + 2]
+    cases = [(1.0, 9, ()), (0.7, 17, ()), (1.0, 3, ()), (0.0, 24, (stop,))]
+    params = [SamplingParams(temperature=t, max_tokens=m, seed=100 + i, stop=s) for i, (t, m, s) in enumerate(cases)]
+    mixed = [dataclasses.replace(params[0], logprobs_topk=3), *params[1:]]
+
+    async def concurrently(ps):
+        return await asyncio.gather(*(sampler_engine.agenerate(p, sp) for p, sp in zip(prompts, ps)))
+
+    for ps in (params, mixed):
+        want = engine.generate(prompts, ps)
+        got, apart = sampler_engine.generate(prompts, ps), asyncio.run(concurrently(ps))
+        assert len(want) == len(cases) and {w.finish_reason for w in want} == {"length", "stop"}
+        for g, a, w in zip(got, apart, want):
+            assert g.token_ids == a.token_ids == w.token_ids and g.logprobs == a.logprobs == w.logprobs
+            assert g.top_logprobs == w.top_logprobs
+    assert got[0].top_logprobs and not got[1].top_logprobs
+    assert sampler_engine.verify_weights(bundle.model) <= 1e-4
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

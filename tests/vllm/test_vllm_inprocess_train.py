@@ -16,9 +16,11 @@ def _jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_color_square_recipe_runs_on_inprocess_vllm(tmp_path):
+@pytest.mark.parametrize("logprobs", ["vllm", "sampler"])
+def test_color_square_recipe_runs_on_inprocess_vllm(tmp_path, logprobs):
     """The same run with vLLM in the trainer's process (``rollout.vllm_mode=inprocess``): agreement every step,
-    every sync probe-verified."""
+    every sync probe-verified; the sampled tokens' logprobs as vLLM reports them, or kept in its worker's sampler
+    (``rollout.vllm_logprobs=sampler``)."""
     from pytest_vlrl.vllm import require_vllm
     from vlrl.cli import main
 
@@ -26,6 +28,7 @@ def test_color_square_recipe_runs_on_inprocess_vllm(tmp_path):
     out = tmp_path / "run"
     args = ["rollout.engine=vllm", "rollout.vllm_mode=inprocess", "run.steps=2", "sft.steps=2", "sft.rows_per_step=8"]
     args += ["rollout.rows_per_step=4", "data.eval_rows=8", "run.eval_every=0", "run.agreement=stop"]
+    args += [f"rollout.vllm_logprobs={logprobs}"]
     assert main(["train", "color_square", *args, "run.progress=False", f"run.out={out}"]) == 0
     agreement = _jsonl(out / "agreement.jsonl")
     assert [a["step"] for a in agreement] == [1, 2]

@@ -48,6 +48,8 @@ def offline_section(
     timeout_s: float = 480.0,
     path: str = "raw",
     execution: str = "auto",
+    logprobs_from: str = "vllm",
+    ban: str = "processor",
 ) -> dict[str, Any]:
     """``{"startup_seconds", "version", "<n>": {"seconds", "tokens", "tok_per_s"} | {"error"}}`` from
     the child (written after each batch size, so a child cut by ``timeout_s`` keeps what it measured), or
@@ -65,6 +67,7 @@ def offline_section(
         argv += ["--batch-sizes", ",".join(map(str, batch_sizes)), "--max-tokens", str(max_tokens)]
         argv += ["--repeats", str(repeats), "--kv-cache-gib", str(kv_cache_gib)]
         argv += ["--gpu-memory-utilization", str(gpu_memory_utilization), "--path", path, "--execution", execution]
+        argv += ["--logprobs-from", logprobs_from, "--ban", ban]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
         env.update({"VLLM_CACHE_ROOT": str(cache / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
         log = Path(tmp) / "child.log"
@@ -150,13 +153,15 @@ def measure_vlrl(args: argparse.Namespace) -> dict[str, Any]:
         gpu_memory_utilization=args.gpu_memory_utilization,
         execution=args.execution,
     )
-    engine = InprocessVllmEngine(config)
+    engine = InprocessVllmEngine(config, logprobs_from=args.logprobs_from, ban=args.ban)
     renderer = EmbeddedRenderer.from_pretrained(args.model_dir, workers=min(RENDER_WORKERS, os.cpu_count() or 1))
     agree = check_render_agreement(renderer, engine.renderer, codec_probe(), pixel_dtype=engine.codec.pixel_dtype)
     out: dict[str, Any] = {
         "startup_seconds": round(time.perf_counter() - t0, 2),
         "version": vllm.__version__,
         "execution": args.execution,
+        "logprobs_from": args.logprobs_from,
+        "ban": args.ban,
         "render_agreement_pixel_max_abs": agree.pixel_max_abs,
     }
     Path(args.out).write_text(json.dumps(out))
@@ -192,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="raw LLM.chat, the same asking each token's logprob, or vlrl in-process",
     )
     parser.add_argument("--execution", default="auto", help="--path vlrl: ServerConfig.execution")
+    parser.add_argument("--logprobs-from", choices=("vllm", "sampler"), default="vllm", help="--path vlrl")
+    parser.add_argument("--ban", choices=("processor", "bad_words"), default="processor", help="--path vlrl")
     measure(parser.parse_args(argv))
     return 0
 

@@ -129,6 +129,7 @@ class Run:
                 dtype=c.model.dtype,  # the run's dtype: bf16 runs are served in bf16
                 renderer=c.rollout.renderer,
                 execution=c.rollout.vllm_execution,
+                logprobs_from=c.rollout.vllm_logprobs,
             )
         raise ValueError(f"rollout.engine must be 'embedded' or 'vllm', got {self.cfg.rollout.engine!r}")
 

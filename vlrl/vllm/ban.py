@@ -73,3 +73,57 @@ class VisionBan(LogitsProcessor):
         # pinned + non_blocking: no host sync in the engine's step
         t = torch.tensor(values, dtype=torch.long, pin_memory=self.pin and self.device.type != "cpu")
         return t.to(self.device, non_blocking=True)
+
+
+def ban_as_bad_words(tokenizer, ids: tuple[int, ...]) -> list[str]:
+    """The ban as vLLM's ``bad_words`` (each id's text, which vLLM tokenizes back with ``tokenizer``, vLLM's own:
+    ``LLM.get_tokenizer()``): the public route, which vLLM's
+    model runner V2 applies on the GPU in one kernel, where a custom logits processor keeps vLLM 0.26 on runner V1.
+    Raises unless vLLM's own tokenization of them bans each id by itself (a text that comes back as several tokens
+    would ban that sequence only)."""
+    from vllm import SamplingParams
+
+    words = [tokenizer.decode([i]) for i in ids]
+    probe = SamplingParams(bad_words=words)
+    probe.update_from_tokenizer(tokenizer)
+    single = {tuple(t) for t in probe.bad_words_token_ids or []}
+    missing = [i for i in ids if (i,) not in single]
+    if missing:
+        raise ValueError(f"vLLM's bad_words would not ban token ids {missing} alone (their text re-tokenizes apart)")
+    return words
+
+
+def check_ban_applied(engine) -> None:
+    """``engine`` (:class:`vlrl.vllm.inprocess.InprocessVllmEngine`) has vLLM apply its ban, however it is sent:
+    a token the model's greedy step ranks first (with the logits processor) or in its top 19 (with ``bad_words``,
+    the first whose text comes back as itself alone), banned, must leave the top of that step."""
+    from vlrl.engines.types import SamplingParams as Sampling
+    from vlrl.render.types import RenderedPrompt
+    from vlrl.vllm.config import VllmServerError
+
+    prompt = RenderedPrompt(tuple(engine.tokenizer.encode("Hi", add_special_tokens=False)), None, None, (), ())
+    greedy = Sampling(temperature=0.0, max_tokens=1, ignore_eos=True, logprobs_topk=19)  # vLLM: at most 20
+
+    def top() -> list[int]:
+        return [t for t, _ in engine.generate([prompt], greedy)[0].top_logprobs[0]]
+
+    first = top()
+    can_ban = [t for t in first if engine.ban != "bad_words" or _bans_alone(engine.llm.get_tokenizer(), t)]
+    if not can_ban:
+        raise VllmServerError(f"no token of the probe's top {len(first)} can be banned by bad_words alone")
+    pick = can_ban[0]
+    banned, engine.banned_ids = engine.banned_ids, (pick,)
+    try:
+        again = top()
+    finally:
+        engine.banned_ids = banned
+    if pick in again:
+        raise VllmServerError(f"the in-process vLLM ignores vlrl's vision-token ban ({engine.ban})")
+
+
+def _bans_alone(tokenizer, token: int) -> bool:
+    try:
+        ban_as_bad_words(tokenizer, (token,))
+    except ValueError:
+        return False
+    return True

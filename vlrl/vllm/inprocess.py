@@ -32,8 +32,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from vlrl.engines.types import Engine, Generation, NamedTensors, SamplingParams
 from vlrl.models.tokenizer import VISION_TOKENS
@@ -41,21 +40,12 @@ from vlrl.render.types import RenderedPrompt
 from vlrl.vllm.config import ServerConfig, VllmServerError
 from vlrl.vllm.contract import finished, sampling_fields
 from vlrl.vllm.driver import Driver
+from vlrl.vllm.inprocess_env import INPROCESS_ENV, environ_while, torch_threads_kept
 from vlrl.vllm.items import HASH_PREFIX, ItemCodec, check_placeholders, codec_probe, pixel_items
+from vlrl.vllm.sampled_logprobs import FinishedLogprobs
 
 if TYPE_CHECKING:
     from vlrl.vllm.checkpoint import CheckpointWriter
-
-INPROCESS_ENV: tuple[str, ...] = (
-    "VLLM_CACHE_ROOT",
-    "TORCHINDUCTOR_CACHE_DIR",
-    "HF_HUB_OFFLINE",
-    "TRANSFORMERS_OFFLINE",
-)
-INPROCESS_ENV += ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "VLLM_CPU_KVCACHE_SPACE", "PYTHONPATH", "TRITON_F32_DEFAULT")
-INPROCESS_ENV += ("OMP_NUM_THREADS",)  # 1 on CUDA as a server's: its engine core starts with it (ours is up already)
-"""The server environment's variables that also apply to vLLM in this process (``ServerConfig.env``), set only while it
-starts; not the API key or the dev routes."""
 
 
 class InprocessVllmEngine:
@@ -68,9 +58,15 @@ class InprocessVllmEngine:
         allow_truncation: bool = False,
         gather_s: float = 0.03,
         gather_cap_s: float = 0.25,
+        logprobs_from: Literal["vllm", "sampler"] = "vllm",
+        ban: Literal["processor", "bad_words"] = "processor",
     ):
         """Starts vLLM with ``config``'s settings (``ServerConfig.llm_kwargs``). ``gather_s`` / ``gather_cap_s``:
-        how long requests arriving one by one are held to be added together (``vlrl.vllm.driver.Driver``)."""
+        how long requests arriving one by one are held to be added together (``vlrl.vllm.driver.Driver``).
+        ``logprobs_from``: each sampled token's logprob as vLLM reports it per request, or kept in its worker's
+        sampler and taken once a request finishes (``vlrl.vllm.sampled_logprobs``: why); the same values.
+        ``ban``: the vision-token ban as vlrl's logits processor (``vlrl.vllm.ban``), or as vLLM's ``bad_words``
+        (``ban_as_bad_words``: no custom logits processor, so vLLM 0.26 may run its model runner V2)."""
         from transformers import AutoTokenizer
         from vllm import LLM
 
@@ -88,9 +84,12 @@ class InprocessVllmEngine:
         env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         tokenizer_pool.install()
         t0 = time.perf_counter()
-        with _torch_threads_kept(), _environ(env):
+        with torch_threads_kept(), environ_while(env):
             # no processor cache: every request carries its own items, and a render must return items, not cache hits
-            self.llm = LLM(**config.llm_kwargs(self.caps), mm_processor_cache_gb=0)
+            kwargs = config.llm_kwargs(self.caps)
+            if ban == "bad_words":
+                kwargs.pop("logits_processors")
+            self.llm = LLM(**kwargs, mm_processor_cache_gb=0)
         self.startup_seconds = time.perf_counter() - t0
         tokenizer: Any = AutoTokenizer.from_pretrained(config.model_dir)
         self.tokenizer = tokenizer
@@ -98,6 +97,8 @@ class InprocessVllmEngine:
         self.allow_truncation = allow_truncation
         self.image_token_id: int = tokenizer.convert_tokens_to_ids("<|image_pad|>")
         self.banned_ids: tuple[int, ...] = tuple(tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS)
+        self.ban = ban
+        self._words: dict[tuple[int, ...], list[str]] = {}  # ban="bad_words": the ids' words, checked once
         self.version = 0
         self.last_probe_delta: float | None = None
         self.last_sync_s: float | None = None
@@ -106,12 +107,19 @@ class InprocessVllmEngine:
         self._names: set[str] | None = None
         self._writer: CheckpointWriter | None = None  # the served checkpoint + merged updates (the checkpoint route)
         self._pushed = False  # a full push since: the merged copy is not what vLLM serves
+        self._sampled = FinishedLogprobs(self.llm) if logprobs_from == "sampler" else None
         self._driver = Driver(
-            self.llm.llm_engine, gather_s=gather_s, gather_cap_s=gather_cap_s, front_end_only=self.caps.device != "cpu"
+            self.llm.llm_engine,
+            gather_s=gather_s,
+            gather_cap_s=gather_cap_s,
+            front_end_only=self.caps.device != "cpu",
+            on_finished=self._sampled.fetch if self._sampled is not None else None,
         )
         self.renderer = InprocessRenderer(self.llm, self.tokenizer, self.caps, run=self._driver.call)
         self.codec = ItemCodec(self.renderer.render(codec_probe()).engine_features[0])
-        self._check_ban()
+        from vlrl.vllm.ban import check_ban_applied  # vLLM's and torch's: after vLLM is up
+
+        check_ban_applied(self)
 
     # ------------------------------------------------------------------ generate
 
@@ -148,6 +156,11 @@ class InprocessVllmEngine:
             banned_ids=self.banned_ids,
             allow_truncation=self.allow_truncation,
         )
+        if self._sampled is not None and not params.logprobs_topk:
+            fields["logprobs"] = None  # the worker's sampler keeps them
+        if self.ban == "bad_words":
+            fields.pop("extra_args")
+            fields["bad_words"] = self._bad_words()
         fut = self._add(prompt, VllmSampling(**fields, output_kind=RequestOutputKind.FINAL_ONLY), waits)
         fut.weight_version = self.version  # type: ignore[attr-defined]  # a later sync waits for this request
         return fut
@@ -179,12 +192,16 @@ class InprocessVllmEngine:
     def generation(self, fut: Future, prompt: RenderedPrompt, params: SamplingParams) -> Generation:
         """A finished :meth:`submit`'s ``RequestOutput`` under the contract: each token's processed logprob, the top k
         by rank, the weight version it was sampled with (the one at submit: a sync waits for requests before it)."""
-        c = fut.result().outputs[0]
+        out = fut.result()
+        c = out.outputs[0]
         ids = [int(t) for t in c.token_ids]
         entries = list(c.logprobs or [])
-        if len(entries) != len(ids) or any(t not in e for t, e in zip(ids, entries)):
+        if self._sampled is not None and not params.logprobs_topk:
+            lps = self._sampled.cut(getattr(fut, "kept", None), len(ids), out.request_id)
+        elif len(entries) != len(ids) or any(t not in e for t, e in zip(ids, entries)):
             raise VllmServerError(f"in-process vLLM returned logprobs that do not match its {len(ids)} tokens")
-        lps = [float(e[t].logprob) for t, e in zip(ids, entries)]
+        else:
+            lps = [float(e[t].logprob) for t, e in zip(ids, entries)]
         top: tuple = ()
         if params.logprobs_topk:
             k = params.logprobs_topk
@@ -206,18 +223,12 @@ class InprocessVllmEngine:
             where="in-process vLLM",
         )
 
-    def _check_ban(self) -> None:
-        """vLLM applies the vision-token ban (its logits processor): a greedy token, banned, must change."""
-        prompt = RenderedPrompt(tuple(self.tokenizer.encode("Hi", add_special_tokens=False)), None, None, (), ())
-        greedy = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-        first = self.submit(prompt, greedy, waits=False).result().outputs[0].token_ids[0]
-        banned, self.banned_ids = self.banned_ids, (first,)
-        try:
-            again = self.submit(prompt, greedy, waits=False).result().outputs[0].token_ids[0]
-        finally:
-            self.banned_ids = banned
-        if again == first:
-            raise VllmServerError("the in-process vLLM ignores vlrl's vision-token ban (its logits processor)")
+    def _bad_words(self) -> list[str]:
+        if self.banned_ids not in self._words:
+            from vlrl.vllm.ban import ban_as_bad_words
+
+            self._words[self.banned_ids] = ban_as_bad_words(self.llm.get_tokenizer(), self.banned_ids)
+        return self._words[self.banned_ids]
 
     # ------------------------------------------------------------------ weights
 
@@ -358,36 +369,6 @@ class InprocessVllmEngine:
         shutdown = getattr(self.llm.llm_engine, "engine_core", None)
         if shutdown is not None and hasattr(shutdown, "shutdown"):
             shutdown.shutdown()
-
-
-@contextmanager
-def _environ(env: dict[str, str]):
-    """``env`` set while vLLM starts (it reads them then: caches, KV size, the guard for the interpreters it spawns),
-    the process's own values back after: the trainer, and a server started later, must not inherit them."""
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@contextmanager
-def _torch_threads_kept():
-    """vllm-cpu's worker, started in this process, replaces ``torch.set_num_threads`` with a no-op for good and
-    lowers the thread count "for serving" (``CPUWorker.init_device``): the trainer's own settings are put back."""
-    import torch
-
-    setter, threads = torch.set_num_threads, torch.get_num_threads()
-    try:
-        yield
-    finally:
-        torch.set_num_threads = setter
-        torch.set_num_threads(threads)
 
 
 def _probe_image():

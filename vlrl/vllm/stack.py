@@ -148,10 +148,20 @@ def _start(cfg: ServerConfig, n: int) -> tuple[VllmServer, ...]:
     return tuple(servers)
 
 
-def rollout_stack(model_dir, *, mode: Literal["server", "inprocess"] = "server", renderer: RendererChoice, **kwargs):
+def rollout_stack(
+    model_dir,
+    *,
+    mode: Literal["server", "inprocess"] = "server",
+    renderer: RendererChoice,
+    logprobs_from: Literal["vllm", "sampler"] = "vllm",
+    **kwargs,
+):
     """``(renderer, engine, close)`` for a run's rollouts (``rollout.vllm_mode``): :func:`vllm_stack`'s servers, or
     the in-process engine (``vlrl.vllm.inprocess``) with the embedded renderer held to vLLM's own at start, as here.
-    ``kwargs``: ``ServerConfig``'s (limits, dtype, execution)."""
+    ``logprobs_from``: ``rollout.vllm_logprobs`` (in-process only). ``kwargs``: ``ServerConfig``'s (limits, dtype,
+    execution)."""
+    if mode == "server" and logprobs_from != "vllm":
+        raise ValueError(f"rollout.vllm_logprobs={logprobs_from!r} needs rollout.vllm_mode=inprocess")
     if mode == "server":
         stack = vllm_stack(model_dir, renderer=renderer, **kwargs)
         return stack.renderer, stack.engine, stack.close
@@ -161,7 +171,7 @@ def rollout_stack(model_dir, *, mode: Literal["server", "inprocess"] = "server",
     from vlrl.vllm.inprocess import InprocessVllmEngine
     from vlrl.vllm.items import codec_probe
 
-    engine = InprocessVllmEngine(ServerConfig(str(model_dir), **kwargs))
+    engine = InprocessVllmEngine(ServerConfig(str(model_dir), **kwargs), logprobs_from=logprobs_from)
     try:
         if renderer == "vllm":
             return engine.renderer, engine, engine.close

@@ -136,3 +136,18 @@ class VlrlWorkerExtension:
     def vlrl_packed_error(self) -> dict:
         """Without reloading: how far each packed embedding/LM-head matmul is from its current weight."""
         return {"packed_error": packed_head_error(self.model_runner.get_model())}
+
+    def vlrl_keep_sampled_logprobs(self) -> bool:
+        """From now on the sampler keeps each sampled token's logprob here (:mod:`vlrl.vllm.sampled_logprobs`)."""
+        from vlrl.vllm.sampled_logprobs import SampledLogprobs
+
+        if getattr(self, "_vlrl_sampled", None) is None:
+            self._vlrl_sampled = SampledLogprobs(self.model_runner)
+        return True
+
+    def vlrl_take_sampled_logprobs(self, request_ids: list[str]) -> dict[str, list[float]]:
+        """The kept logprobs of finished requests (``SampledLogprobs.take``)."""
+        sampled = getattr(self, "_vlrl_sampled", None)
+        if sampled is None:
+            raise RuntimeError("vlrl_keep_sampled_logprobs was not called on this worker")
+        return sampled.take(list(request_ids))
