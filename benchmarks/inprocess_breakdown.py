@@ -329,6 +329,9 @@ def main() -> int:
         sys.setswitchinterval(args.switch_interval)
     result: dict = {"startup_seconds": round(engine.startup_seconds, 1), "execution": args.execution}
     result.update(logprobs_from=args.logprobs_from, ban=args.ban)
+    from vlrl.bench.vllm_offline import model_runner_v2
+
+    result["model_runner_v2"] = model_runner_v2(engine.llm)
     result.update(gather_cap_s=args.gather_cap, render_workers=args.render_workers, switch_s=sys.getswitchinterval())
     result["threads_at_start"] = len(os.listdir("/proc/self/task"))
     table = work.table()

@@ -104,6 +104,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         seed=0,
     )
     out: dict[str, Any] = {"startup_seconds": round(time.perf_counter() - t0, 2), "version": vllm.__version__}
+    out["model_runner_v2"] = model_runner_v2(llm)
     Path(args.out).write_text(json.dumps(out))
 
     def run(batch: list[list[Any]]) -> int:
@@ -115,6 +116,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         return sum(len(o.outputs[0].token_ids) for o in outputs)
 
     return time_batches(run, args, out)
+
+
+def model_runner_v2(llm) -> bool | None:
+    """Whether vLLM runs the model on its model runner V2 (0.26 on CUDA: dense models by default, V1 once a custom
+    logits processor is loaded); None where this vLLM does not say."""
+    return getattr(llm.llm_engine.vllm_config, "use_v2_model_runner", None)
 
 
 def time_batches(run, args: argparse.Namespace, out: dict[str, Any]) -> dict[str, Any]:
@@ -159,6 +166,7 @@ def measure_vlrl(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "startup_seconds": round(time.perf_counter() - t0, 2),
         "version": vllm.__version__,
+        "model_runner_v2": model_runner_v2(engine.llm),
         "execution": args.execution,
         "logprobs_from": args.logprobs_from,
         "ban": args.ban,
