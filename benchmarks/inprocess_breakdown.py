@@ -281,9 +281,7 @@ class Workload:
 
         only_ban: dict = {"extra_args": {BAN_KEY: list(self.engine.banned_ids)}}
         if self.engine.ban == "bad_words":  # as the engine sends it (--ban bad_words)
-            from vlrl.vllm.ban import ban_as_bad_words
-
-            only_ban = {"bad_words": ban_as_bad_words(self.engine.llm.get_tokenizer(), self.engine.banned_ids)}
+            only_ban = {"bad_words": self.engine.ban_words()}
         ban = {"logprobs": 0, **only_ban}
         rendered = lambda b: asyncio.run(self.render_all(b))  # noqa: E731
         path = lambda render=None: lambda b: asyncio.run(self.path_all(b, render))  # noqa: E731
@@ -329,7 +327,7 @@ def main() -> int:
         sys.setswitchinterval(args.switch_interval)
     result: dict = {"startup_seconds": round(engine.startup_seconds, 1), "execution": args.execution}
     result.update(logprobs_from=args.logprobs_from, ban=args.ban)
-    from vlrl.bench.vllm_offline import model_runner_v2
+    from vlrl.vllm.capabilities import model_runner_v2
 
     result["model_runner_v2"] = model_runner_v2(engine.llm)
     result.update(gather_cap_s=args.gather_cap, render_workers=args.render_workers, switch_s=sys.getswitchinterval())

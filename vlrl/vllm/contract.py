@@ -25,10 +25,15 @@ def sampling_fields(
     max_context: int,
     banned_ids: Sequence[int],
     allow_truncation: bool,
+    ban_words: Sequence[str] | None = None,
+    reports_logprobs: bool = True,
 ) -> dict[str, Any]:
     """vLLM's ``SamplingParams`` fields for one request (a generate body's ``sampling_params``, or
     ``vllm.SamplingParams(**fields)``); raises on an empty or too long prompt, a vision id as a stop token, or
-    truncation not allowed."""
+    truncation not allowed. The ban goes as ``extra_args`` for vlrl's logits processor (``vlrl.vllm.ban``), or
+    with ``ban_words`` (``vlrl.vllm.ban.ban_as_bad_words``) as vLLM's ``bad_words``. ``reports_logprobs=False``:
+    vLLM reports no logprobs for the sampled tokens alone (``vlrl.vllm.sampled_logprobs`` keeps them); a top k
+    is still asked of it."""
     if prompt_len == 0:
         raise ValueError("empty prompt")
     if prompt_len >= max_context:
@@ -53,10 +58,10 @@ def sampling_fields(
         "ignore_eos": params.ignore_eos,
         "include_stop_str_in_output": True,
         # 0: the sampled token's alone; else the sampled token and the top k (see vlrl.vllm.engine)
-        "logprobs": params.logprobs_topk + 1 if params.logprobs_topk else 0,
+        "logprobs": params.logprobs_topk + 1 if params.logprobs_topk else (0 if reports_logprobs else None),
         "detokenize": bool(params.stop),
         "skip_special_tokens": True,
-        "extra_args": {BAN_KEY: list(banned_ids)},
+        **({"bad_words": list(ban_words)} if ban_words is not None else {"extra_args": {BAN_KEY: list(banned_ids)}}),
     }
 
 

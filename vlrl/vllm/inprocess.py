@@ -155,12 +155,9 @@ class InprocessVllmEngine:
             max_context=self.max_context,
             banned_ids=self.banned_ids,
             allow_truncation=self.allow_truncation,
+            ban_words=self.ban_words() if self.ban == "bad_words" else None,
+            reports_logprobs=self._sampled is None,
         )
-        if self._sampled is not None and not params.logprobs_topk:
-            fields["logprobs"] = None  # the worker's sampler keeps them
-        if self.ban == "bad_words":
-            fields.pop("extra_args")
-            fields["bad_words"] = self._bad_words()
         fut = self._add(prompt, VllmSampling(**fields, output_kind=RequestOutputKind.FINAL_ONLY), waits)
         fut.weight_version = self.version  # type: ignore[attr-defined]  # a later sync waits for this request
         return fut
@@ -223,7 +220,8 @@ class InprocessVllmEngine:
             where="in-process vLLM",
         )
 
-    def _bad_words(self) -> list[str]:
+    def ban_words(self) -> list[str]:
+        """``banned_ids`` as vLLM's ``bad_words`` (``ban="bad_words"``), checked once per set of ids."""
         if self.banned_ids not in self._words:
             from vlrl.vllm.ban import ban_as_bad_words
 
