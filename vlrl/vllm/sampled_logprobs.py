@@ -27,21 +27,34 @@ MAX_KEPT_REQUESTS = 65536
 
 
 class SampledLogprobs:
-    """The sampled tokens' logprobs of every request the worker's sampler serves, by vLLM's request id."""
+    """The sampled tokens' logprobs of every request the worker's sampler serves, by vLLM's request id.
+
+    Both of vLLM's model runners: V1's sampler is called as ``sampler(logits, sampling_metadata)`` and its
+    ``discard_request_mask`` says which rows' samples are dropped; V2's (vLLM 0.26 on CUDA without a custom logits
+    processor, as ``ban="bad_words"`` leaves it) as ``sampler(logits, input_batch)``, asked per request through
+    ``sampling_states.num_logprobs``, its output's ``num_sampled`` 0 for a row still prefilling."""
 
     def __init__(self, runner: Any):
-        if not hasattr(runner, "sampler") or not hasattr(runner, "discard_request_mask"):
+        sampler = getattr(runner, "sampler", None)
+        if sampler is None or isinstance(sampler, _KeepingSamplerV2) or getattr(sampler, "_vlrl_kept", False):
             raise RuntimeError(
-                f"vLLM's model runner {type(runner).__name__} has no sampler or discard_request_mask: "
-                "logprobs_from='sampler' needs them (use logprobs_from='vllm')"
+                f"vLLM's model runner {type(runner).__name__} has no sampler, or it already keeps its logprobs"
             )
         self.runner = runner
-        self.steps: list[tuple[list[str], list[bool], Any, Any]] = []
+        self.steps: list[tuple[list[str], Any, Any, Any]] = []
         """Per step not yet read: the rows' request ids, which rows are kept, the values' host copy, its event."""
         self.values: dict[str, list[float]] = {}
-        sampler = runner.sampler
-        if getattr(sampler, "_vlrl_sampled_logprobs", None) is not None:
-            raise RuntimeError("the sampler already keeps its logprobs for another SampledLogprobs")
+        if hasattr(runner, "discard_request_mask"):
+            self._wrap_v1(sampler)
+        elif hasattr(sampler, "sampling_states"):
+            runner.sampler = _KeepingSamplerV2(sampler, self)
+        else:
+            raise RuntimeError(
+                f"vLLM's model runner {type(runner).__name__} is neither of the two vlrl knows (V1: "
+                "discard_request_mask; V2: sampler.sampling_states): use logprobs_from='vllm'"
+            )
+
+    def _wrap_v1(self, sampler: Any) -> None:
         original = sampler.forward
 
         def forward(logits, sampling_metadata, *args, **kwargs):
@@ -49,26 +62,30 @@ class SampledLogprobs:
             if forced:
                 sampling_metadata = dataclasses.replace(sampling_metadata, max_num_logprobs=0)
             out = original(logits, sampling_metadata, *args, **kwargs)
-            self._record(out.logprobs_tensors.logprobs[:, 0], logits.shape[0])
+            rows = logits.shape[0]
+            kept = [not d for d in self.runner.discard_request_mask.np[:rows].tolist()]
+            self.record(out.logprobs_tensors.logprobs[:, 0], self.runner.input_batch.req_ids[:rows], kept)
             return dataclasses.replace(out, logprobs_tensors=None) if forced else out
 
         sampler.forward = forward
-        sampler._vlrl_sampled_logprobs = self
+        sampler._vlrl_kept = True
 
-    def _record(self, values, rows: int) -> None:
-        """``values``: [rows] float32, the step's sampled-token logprobs, on the model's device."""
+    def record(self, values: Any, req_ids: list[str], kept: Any) -> None:
+        """``values``: [rows] float32, the step's sampled-token logprobs on the model's device; ``kept``: [rows],
+        whether vLLM keeps each row's sample (a list, or a tensor on the device: copied with the values)."""
         import torch
 
-        ids = list(self.runner.input_batch.req_ids[:rows])
-        kept = [not d for d in self.runner.discard_request_mask.np[:rows].tolist()]
         event = None
         if values.is_cuda:
             host = values.to("cpu", non_blocking=True)  # pinned: the copy queues behind the step, no sync here
+            if isinstance(kept, torch.Tensor):
+                kept = kept.to("cpu", non_blocking=True)
             event = torch.cuda.Event()
             event.record()
         else:
             host = values.clone()
-        self.steps.append((ids, kept, host, event))
+            kept = kept.clone() if isinstance(kept, torch.Tensor) else kept
+        self.steps.append((list(req_ids), kept, host, event))
 
     def take(self, request_ids: list[str]) -> dict[str, list[float]]:
         """The values of each of ``request_ids`` (vLLM's front-end ids: the engine core's carry a suffix of its
@@ -84,13 +101,39 @@ class SampledLogprobs:
         for ids, kept, host, event in self.steps:
             if event is not None:
                 event.synchronize()
-            for rid, keep, value in zip(ids, kept, host.tolist()):
+            for rid, keep, value in zip(ids, kept if isinstance(kept, list) else kept.tolist(), host.tolist()):
                 if keep:
                     self.values.setdefault(rid, []).append(value)
         self.steps.clear()
         if len(self.values) > MAX_KEPT_REQUESTS:
             for rid in list(self.values)[: len(self.values) // 2]:
                 del self.values[rid]
+
+
+class _KeepingSamplerV2:
+    """vLLM's model runner V2 sampler with its calls recorded; every other attribute the sampler's own (the runner
+    reads its states). Asks the logprobs of a batch where no request asked them, as V1's ``max_num_logprobs=0``."""
+
+    def __init__(self, sampler: Any, keeper: SampledLogprobs):
+        self._sampler, self._keeper = sampler, keeper
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sampler, name)
+
+    def __call__(self, logits, input_batch, *args, **kwargs):
+        asked = self._sampler.sampling_states.num_logprobs  # [max_num_reqs] int32, NO_LOGPROBS (-1) when not
+        rows = input_batch.idx_mapping_np
+        forced = bool((asked[rows] < 0).all())
+        if forced:
+            asked[rows] = 0
+        try:
+            out = self._sampler(logits, input_batch, *args, **kwargs)
+        finally:
+            if forced:
+                asked[rows] = -1
+        n = logits.shape[0]
+        self._keeper.record(out.logprobs_tensors.logprobs[:, 0], input_batch.req_ids[:n], out.num_sampled[:n] > 0)
+        return dataclasses.replace(out, logprobs_tensors=None) if forced else out
 
 
 class FinishedLogprobs:
