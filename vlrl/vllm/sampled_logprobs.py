@@ -151,8 +151,10 @@ class FinishedLogprobs:
         return got[0]  # every worker samples the same batch: the first's
 
     @staticmethod
-    def cut(values: list[float] | None, n_tokens: int, request_id: str) -> list[float]:
-        """A request's first ``n_tokens`` kept values: its returned tokens' logprobs."""
+    def cut(values: list[float] | None, n_tokens: int, request_id: str, reported: list[float] | None = None):
+        """A request's first ``n_tokens`` kept values: its returned tokens' logprobs. ``reported``: the same as
+        vLLM reports them (a request asking its top k), which they must equal bitwise: one tensor's values, so a
+        difference is this module's bookkeeping gone wrong (a row given to another request, a step missed)."""
         from vlrl.vllm.config import VllmServerError
 
         if values is None or len(values) < n_tokens:
@@ -160,4 +162,11 @@ class FinishedLogprobs:
                 f"in-process vLLM: the sampler kept {0 if values is None else len(values)} logprobs for "
                 f"request {request_id}'s {n_tokens} tokens"
             )
-        return values[:n_tokens]
+        values = values[:n_tokens]
+        if reported is not None and reported != values:
+            at = next(i for i, (a, b) in enumerate(zip(values, reported)) if a != b)
+            raise VllmServerError(
+                f"in-process vLLM: the sampler kept logprob {values[at]!r} for request {request_id}'s token {at}, "
+                f"vLLM reports {reported[at]!r} (logprobs_from='sampler' lost this vLLM's rows; use 'vllm')"
+            )
+        return values
