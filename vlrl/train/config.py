@@ -111,6 +111,9 @@ class DataSection:
         _check(self.eval_rows >= 0, "data.eval_rows", self.eval_rows, "must be >= 0")
 
 
+NEEDS_INPROCESS = "{!r} needs rollout.engine=vllm and rollout.vllm_mode=inprocess"
+
+
 @dataclass(frozen=True)
 class RolloutSection:
     rows_per_step: int = 16
@@ -141,11 +144,14 @@ class RolloutSection:
     vllm_execution: Execution = "auto"
     """With engine=vllm, how the server runs the model (``vlrl.vllm.server.EXECUTION_FLAGS``): auto = eager on CPU,
     decode steps as CUDA graphs on CUDA; compiled = vLLM's defaults (torch.compile: minutes at a cold start)."""
-    vllm_logprobs: Literal["vllm", "sampler"] = "vllm"
-    """With vllm_mode=inprocess, where each sampled token's logprob comes from: vllm (reported per request on every
-    step) or sampler (kept in vLLM's worker, taken when a request finishes: the same values without vLLM's
-    per-request transport, which cost its engine 4.4 ms of a 14.2 ms step at 256 requests on an H200;
-    ``vlrl.vllm.sampled_logprobs``)."""
+    vllm_logprobs: Literal["auto", "vllm", "sampler"] = "auto"
+    """Where each sampled token's logprob comes from with engine=vllm: vllm (reported per request on every step) or
+    sampler (vllm_mode=inprocess only: kept in vLLM's worker, taken when a request finishes; the same values without
+    vLLM's per-request transport, which cost its engine 4.4 ms of a 14.2 ms step at 256 requests on an H200;
+    ``vlrl.vllm.sampled_logprobs``); auto = sampler in process, vllm from a server."""
+    vllm_ban: Literal["auto", "processor", "bad_words"] = "auto"
+    """How vLLM is kept from sampling vision tokens: vlrl's logits processor (a server's only way), or vLLM's
+    bad_words (vllm_mode=inprocess; vLLM may then run its model runner V2); auto = bad_words where it then does."""
     eval_temperature: float = 0.0
     """Sampling temperature of evaluation (0 = greedy)."""
     logprobs_topk: int = 0
@@ -171,12 +177,10 @@ class RolloutSection:
             "must be >= 0 (0 = greedy)",
         )
         _check(self.logprobs_topk >= 0, "rollout.logprobs_topk", self.logprobs_topk, "must be >= 0")
-        _check(
-            self.vllm_logprobs == "vllm" or (self.engine == "vllm" and self.vllm_mode == "inprocess"),
-            "rollout.vllm_logprobs",
-            self.vllm_logprobs,
-            "'sampler' needs rollout.engine=vllm and rollout.vllm_mode=inprocess",
-        )
+        inprocess = self.engine == "vllm" and self.vllm_mode == "inprocess"
+        for key, needs_inprocess in (("vllm_logprobs", "sampler"), ("vllm_ban", "bad_words")):
+            value = getattr(self, key)
+            _check(value != needs_inprocess or inprocess, f"rollout.{key}", value, NEEDS_INPROCESS.format(value))
 
 
 @dataclass(frozen=True)

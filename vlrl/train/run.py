@@ -6,15 +6,13 @@ step the weights are pushed to the engine and the sync is verified by checksum â
 **Several processes** (``torchrun``, see ``vlrl.train.distributed``): the policy (and the reference model) is sharded
 with FSDP2 (``vlrl.train.fsdp``) over every rank; the engine, evaluation, logs and checkpoint metadata live on rank 0.
 Rank 0 rolls out and broadcasts the trajectories; each rank computes logprobs and gradients for its share of the batch.
-Why the embedded engine on rank 0 rather than one per rank: the rollouts are then exactly the one-process run's (same
-engine, same seeds), so a distributed step is provably the same step and a checkpoint resumes on any rank count; the
-engine is held once, not N times; and the embedded engine is the small, exact engine of tests and CPU runs. Rollouts
-scale with ``rollout.engine=vllm``: rank 0 drives any number of vLLM servers over HTTP (``VLRL_VLLM_URL``); that is
-where generation throughput comes from. Either way a weight sync gathers the full state on rank 0 and pushes it.
+Why the embedded engine on rank 0, not one per rank: the rollouts are then exactly the one-process run's, so a
+distributed step is provably the same step and a checkpoint resumes on any rank count; and the engine is held once.
+Rollouts scale with ``rollout.engine=vllm``: rank 0 drives any number of vLLM servers over HTTP (``VLRL_VLLM_URL``).
+Either way a weight sync gathers the full state on rank 0 and pushes it.
 
-**LoRA** (``model.lora``, ``vlrl.models.lora``): peft's adapters are injected into the policy after the engine's and
-the reference's copies are taken (both are the base model); the engine is sent the merged weights under the base names
-and verified by the same checksum.
+**LoRA** (``model.lora``, ``vlrl.models.lora``): peft's adapters go into the policy after the engine's and the
+reference's copies are taken (the base model); the engine gets the merged weights under the base names, checksummed.
 """
 
 from __future__ import annotations
@@ -130,6 +128,7 @@ class Run:
                 renderer=c.rollout.renderer,
                 execution=c.rollout.vllm_execution,
                 logprobs_from=c.rollout.vllm_logprobs,
+                ban=c.rollout.vllm_ban,
             )
         raise ValueError(f"rollout.engine must be 'embedded' or 'vllm', got {self.cfg.rollout.engine!r}")
 

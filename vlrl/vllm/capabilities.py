@@ -272,6 +272,15 @@ def model_runner_v2(llm) -> bool | None:
     return getattr(llm.llm_engine.vllm_config, "use_v2_model_runner", None)
 
 
+def v2_without_processors(llm_kwargs: dict) -> bool:
+    """Whether vLLM would run ``llm_kwargs`` on its model runner V2 were no custom logits processor loaded: vLLM's
+    own choice, read off the engine config it would build (seconds; nothing is started)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = {k: v for k, v in llm_kwargs.items() if k != "logits_processors"}
+    return bool(getattr(EngineArgs(**args).create_engine_config(), "use_v2_model_runner", False))
+
+
 def vllm_python() -> str:
     """The interpreter that has vLLM: ``$VLRL_VLLM_PYTHON`` or this one."""
     return os.environ.get("VLRL_VLLM_PYTHON") or sys.executable

@@ -59,19 +59,20 @@ class InprocessVllmEngine:
         gather_s: float = 0.03,
         gather_cap_s: float = 0.25,
         logprobs_from: Literal["vllm", "sampler"] = "vllm",
-        ban: Literal["processor", "bad_words"] = "processor",
+        ban: Literal["auto", "processor", "bad_words"] = "auto",
     ):
         """Starts vLLM with ``config``'s settings (``ServerConfig.llm_kwargs``). ``gather_s`` / ``gather_cap_s``:
         how long requests arriving one by one are held to be added together (``vlrl.vllm.driver.Driver``).
         ``logprobs_from``: each sampled token's logprob as vLLM reports it per request, or kept in its worker's
         sampler and taken once a request finishes (``vlrl.vllm.sampled_logprobs``: why); the same values.
         ``ban``: the vision-token ban as vlrl's logits processor (``vlrl.vllm.ban``), or as vLLM's ``bad_words``
-        (``ban_as_bad_words``: no custom logits processor, so vLLM 0.26 may run its model runner V2)."""
+        (``ban_as_bad_words``: no custom logits processor, so vLLM 0.26 may run its model runner V2); ``auto``:
+        bad words where vLLM would then run V2 (there they are one GPU kernel; on V1 a Python loop per request)."""
         from transformers import AutoTokenizer
         from vllm import LLM
 
         from vlrl.vllm import tokenizer_pool
-        from vlrl.vllm.capabilities import installed_capabilities
+        from vlrl.vllm.capabilities import installed_capabilities, v2_without_processors
         from vlrl.vllm.inprocess_render import InprocessRenderer
 
         self.config = config
@@ -87,6 +88,8 @@ class InprocessVllmEngine:
         with torch_threads_kept(), environ_while(env):
             # no processor cache: every request carries its own items, and a render must return items, not cache hits
             kwargs = config.llm_kwargs(self.caps)
+            if ban == "auto":
+                ban = "bad_words" if v2_without_processors(kwargs) else "processor"
             if ban == "bad_words":
                 kwargs.pop("logits_processors")
             self.llm = LLM(**kwargs, mm_processor_cache_gb=0)

@@ -153,15 +153,19 @@ def rollout_stack(
     *,
     mode: Literal["server", "inprocess"] = "server",
     renderer: RendererChoice,
-    logprobs_from: Literal["vllm", "sampler"] = "vllm",
+    logprobs_from: Literal["auto", "vllm", "sampler"] = "auto",
+    ban: Literal["auto", "processor", "bad_words"] = "auto",
     **kwargs,
 ):
     """``(renderer, engine, close)`` for a run's rollouts (``rollout.vllm_mode``): :func:`vllm_stack`'s servers, or
     the in-process engine (``vlrl.vllm.inprocess``) with the embedded renderer held to vLLM's own at start, as here.
-    ``logprobs_from``: ``rollout.vllm_logprobs`` (in-process only). ``kwargs``: ``ServerConfig``'s (limits, dtype,
-    execution)."""
-    if mode == "server" and logprobs_from != "vllm":
-        raise ValueError(f"rollout.vllm_logprobs={logprobs_from!r} needs rollout.vllm_mode=inprocess")
+    ``logprobs_from`` / ``ban``: ``rollout.vllm_logprobs`` / ``rollout.vllm_ban`` (``auto``: the sampler's and
+    vLLM's own choice of ban in process; a server's route and processor). ``kwargs``: ``ServerConfig``'s (limits,
+    dtype, execution)."""
+    if mode == "server" and (logprobs_from == "sampler" or ban == "bad_words"):
+        raise ValueError(
+            f"rollout.vllm_logprobs={logprobs_from!r} / rollout.vllm_ban={ban!r} need rollout.vllm_mode=inprocess"
+        )
     if mode == "server":
         stack = vllm_stack(model_dir, renderer=renderer, **kwargs)
         return stack.renderer, stack.engine, stack.close
@@ -171,7 +175,11 @@ def rollout_stack(
     from vlrl.vllm.inprocess import InprocessVllmEngine
     from vlrl.vllm.items import codec_probe
 
-    engine = InprocessVllmEngine(ServerConfig(str(model_dir), **kwargs), logprobs_from=logprobs_from)
+    engine = InprocessVllmEngine(
+        ServerConfig(str(model_dir), **kwargs),
+        logprobs_from="vllm" if logprobs_from == "vllm" else "sampler",
+        ban=ban,
+    )
     try:
         if renderer == "vllm":
             return engine.renderer, engine, engine.close
