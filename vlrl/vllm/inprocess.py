@@ -377,12 +377,12 @@ def _probe_image():
     return np.random.default_rng(12345).integers(0, 255, (56, 84, 3), dtype=np.uint8)
 
 
-if TYPE_CHECKING:  # mypy proves here that the class implements the contract
-    _engine: type[Engine] = InprocessVllmEngine
-
-
 def reported_logprobs(ids: list[int], entries: list) -> list[float]:
     """Each sampled token's logprob as vLLM reports it (``entries``: its per-position ``{id: Logprob}``)."""
     if len(entries) != len(ids) or any(t not in e for t, e in zip(ids, entries)):
         raise VllmServerError(f"in-process vLLM returned logprobs that do not match its {len(ids)} tokens")
     return [float(e[t].logprob) for t, e in zip(ids, entries)]
+
+
+if TYPE_CHECKING:  # mypy proves here that the class implements the contract
+    _engine: type[Engine] = InprocessVllmEngine

@@ -4,15 +4,16 @@ Why: asked for logprobs (``logprobs=0``), vLLM carries every request's as a ``Lo
 arrays of its own on every step — sliced per request by the scheduler, encoded array by array by the engine
 core, decoded again by the front end. On an H200 that took the engine core's step from 9.7 to 14.2 ms at 256
 requests (``benchmarks/results/vllm_gpu_h100/inprocess/NOTE.md``, session 51; the transport alone:
-``benchmarks/vllm_logprob_wire.py``).
+``benchmarks/vllm_logprob_wire.py``). Without it, and with the ban as ``bad_words`` (vLLM's model runner V2),
+the in-process path ran 0.88–1.32× of raw offline (session 52, same NOTE).
 
 How: the worker's sampler is asked for the logprobs it computes anyway when a request wants them
-(``max_num_logprobs=0``: the sampled token's, after the processors and temperature as ``processed_logprobs``
-reports them) and returns its output without them, so nothing goes per request through the scheduler. Each step
-keeps one host copy of the batch's values (copied without a host sync), the rows' request ids and which rows'
-samples vLLM discards (a partial prefill's). :meth:`SampledLogprobs.take` hands a finished request's values in
-sampling order, cut by the caller to the tokens vLLM returned (a request scheduled one step past its end, as
-vLLM's asynchronous scheduling does, samples once more).
+(V1: ``max_num_logprobs=0``, V2: ``num_logprobs`` 0 for the batch's rows; the sampled token's, after the
+processors and temperature as ``processed_logprobs`` reports them) and returns its output without them, so nothing
+goes per request through the scheduler. Each step keeps one host copy of the batch's values (copied without a host
+sync), the rows' request ids and which rows' samples vLLM discards (a partial prefill's).
+:meth:`SampledLogprobs.take` hands a finished request's values in sampling order, cut by the caller to the tokens
+vLLM returned (a request scheduled one step past its end, as vLLM's asynchronous scheduling does, samples once more).
 
 Runs inside vLLM's worker (:class:`vlrl.vllm.worker.VlrlWorkerExtension`), torch and vLLM's model runner at hand.
 """
@@ -151,7 +152,9 @@ class FinishedLogprobs:
         return got[0]  # every worker samples the same batch: the first's
 
     @staticmethod
-    def cut(values: list[float] | None, n_tokens: int, request_id: str, reported: list[float] | None = None):
+    def cut(
+        values: list[float] | None, n_tokens: int, request_id: str, reported: list[float] | None = None
+    ) -> list[float]:
         """A request's first ``n_tokens`` kept values: its returned tokens' logprobs. ``reported``: the same as
         vLLM reports them (a request asking its top k), which they must equal bitwise: one tensor's values, so a
         difference is this module's bookkeeping gone wrong (a row given to another request, a step missed)."""
