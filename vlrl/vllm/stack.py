@@ -162,10 +162,9 @@ def rollout_stack(
     ``logprobs_from`` / ``ban``: ``rollout.vllm_logprobs`` / ``rollout.vllm_ban`` (``auto``: the sampler's and
     vLLM's own choice of ban in process; a server's route and processor). ``kwargs``: ``ServerConfig``'s (limits,
     dtype, execution)."""
-    if mode == "server" and (logprobs_from == "sampler" or ban == "bad_words"):
-        raise ValueError(
-            f"rollout.vllm_logprobs={logprobs_from!r} / rollout.vllm_ban={ban!r} need rollout.vllm_mode=inprocess"
-        )
+    for key, value, needs_inprocess in (("vllm_logprobs", logprobs_from, "sampler"), ("vllm_ban", ban, "bad_words")):
+        if mode == "server" and value == needs_inprocess:
+            raise ValueError(f"rollout.{key}={value!r} needs rollout.vllm_mode=inprocess")
     if mode == "server":
         stack = vllm_stack(model_dir, renderer=renderer, **kwargs)
         return stack.renderer, stack.engine, stack.close
