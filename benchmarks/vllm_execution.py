@@ -12,7 +12,8 @@ A mode is ``ServerConfig.execution`` (eager, graphs, compiled), ``+mp`` with ``V
 ``--deadline-s`` (the caller's clock) cuts an offline or in-process child first, keeping its numbers so far.
 An in-process mode ``compiled+sampler`` runs the engine with ``logprobs_from="sampler"`` (each token's logprob kept
 in vLLM's worker: ``vlrl.vllm.sampled_logprobs``), ``+badwords`` with ``ban="bad_words"`` (no custom logits
-processor, so vLLM 0.26 may run its model runner V2 as raw offline does); ``compiled+sampler+badwords`` both.
+processor, so vLLM 0.26 may run its model runner V2 as raw offline does); ``compiled+sampler+badwords`` both;
+``+defaults`` the in-process engine's defaults (the sampler, ``ban="auto"``; the child records the ban it chose).
 ``--parts offline_logprobs`` adds raw offline asking each sampled token's logprob as vlrl's path does (vLLM
 carries them per request per step: ``benchmarks/vllm_logprob_wire.py``); in-process rows then carry
 ``over_offline_logprobs``.
@@ -98,6 +99,16 @@ def embedded(model_dir, sizes, max_tokens: int, repeats: int, dtype: str) -> dic
         torch.cuda.empty_cache()
 
 
+def engine_options(options: list[str]) -> dict[str, str]:
+    """An in-process mode's options (``compiled+sampler+badwords``: ``["sampler", "badwords"]``) as the engine's."""
+    if "defaults" in options:
+        return {"logprobs_from": "sampler", "ban": "auto"}
+    return {
+        "logprobs_from": "sampler" if "sampler" in options else "vllm",
+        "ban": "bad_words" if "badwords" in options else "processor",
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out")
@@ -162,8 +173,7 @@ def main() -> int:
                         args.dtype,
                         path="vlrl",
                         execution=execution,
-                        logprobs_from="sampler" if "sampler" in options else "vllm",
-                        ban="bad_words" if "badwords" in options else "processor",
+                        **engine_options(options),
                         **child_clock(),
                     )
                     over_offline(result)

@@ -166,7 +166,7 @@ def measure_vlrl(args: argparse.Namespace) -> dict[str, Any]:
         "model_runner_v2": model_runner_v2(engine.llm),
         "execution": args.execution,
         "logprobs_from": args.logprobs_from,
-        "ban": args.ban,
+        "ban": engine.ban,  # as started (``auto`` resolved)
         "render_agreement_pixel_max_abs": agree.pixel_max_abs,
     }
     Path(args.out).write_text(json.dumps(out))
@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--execution", default="auto", help="--path vlrl: ServerConfig.execution")
     parser.add_argument("--logprobs-from", choices=("vllm", "sampler"), default="vllm", help="--path vlrl")
-    parser.add_argument("--ban", choices=("processor", "bad_words"), default="processor", help="--path vlrl")
+    parser.add_argument("--ban", choices=("auto", "processor", "bad_words"), default="processor", help="--path vlrl")
     measure(parser.parse_args(argv))
     return 0
 
