@@ -58,6 +58,8 @@ class SampledLogprobs:
             )
 
     def _wrap_v1(self, sampler: Any) -> None:
+        import torch
+
         original = sampler.forward
 
         def forward(logits, sampling_metadata, *args, **kwargs):
@@ -66,7 +68,7 @@ class SampledLogprobs:
                 sampling_metadata = dataclasses.replace(sampling_metadata, max_num_logprobs=0)
             out = original(logits, sampling_metadata, *args, **kwargs)
             rows = logits.shape[0]
-            kept = [not d for d in self.runner.discard_request_mask.np[:rows].tolist()]
+            kept = torch.from_numpy(self.runner.discard_request_mask.np[:rows]) == 0  # new: vLLM reuses the mask
             self.record(out.logprobs_tensors.logprobs[:, 0], self.runner.input_batch.req_ids[:rows], kept)
             return dataclasses.replace(out, logprobs_tensors=None) if forced else out
 
@@ -74,20 +76,17 @@ class SampledLogprobs:
         sampler._vlrl_kept = True
 
     def record(self, values: Any, req_ids: list[str], kept: Any) -> None:
-        """``values``: [rows] float32, the step's sampled-token logprobs on the model's device; ``kept``: [rows],
-        whether vLLM keeps each row's sample (a list, or a tensor on the device: copied with the values)."""
+        """``values``: [rows] float32, the step's sampled-token logprobs on the model's device; ``kept``: [rows]
+        bool, whether vLLM keeps each row's sample, a tensor made for this step (on the host or the device)."""
         import torch
 
         event = None
-        if values.is_cuda:
-            host = values.to("cpu", non_blocking=True)  # pinned: the copy queues behind the step, no sync here
-            if isinstance(kept, torch.Tensor):
-                kept = kept.to("cpu", non_blocking=True)
+        if values.is_cuda:  # pinned copies queued behind the step, no host sync here
+            host, kept = values.to("cpu", non_blocking=True), kept.to("cpu", non_blocking=True)
             event = torch.cuda.Event()
             event.record()
         else:
             host = values.clone()
-            kept = kept.clone() if isinstance(kept, torch.Tensor) else kept
         self.steps.append((list(req_ids), kept, host, event))
 
     def take(self, request_ids: list[str]) -> dict[str, list[float]]:
@@ -104,7 +103,7 @@ class SampledLogprobs:
         for ids, kept, host, event in self.steps:
             if event is not None:
                 event.synchronize()
-            for rid, keep, value in zip(ids, kept if isinstance(kept, list) else kept.tolist(), host.tolist()):
+            for rid, keep, value in zip(ids, kept.tolist(), host.tolist()):
                 if keep:
                     self.values.setdefault(rid, []).append(value)
         self.steps.clear()
