@@ -4,12 +4,21 @@ vLLM on CPU reloads weights from a checkpoint directory (``reload_weights`` thro
 extension), so each sync merges the trainer's tensors into a full copy of the served checkpoint
 (partial updates work) and writes it as one safetensors file; :class:`vlrl.vllm.weight_sync.WeightSync`
 drives the reload and :func:`verify_checksums` checks that the servers' weights moved as they should.
+
+The copy is scratch: one version on disk at a time, under ``<cache>/vllm/weights/<host>-<pid>-<id>/``, removed
+when the writer is closed or collected or the process exits. A process that was killed cannot clean up, so a new
+writer removes the directories of this host's processes that no longer run (each held a whole checkpoint:
+~4 GB for the 2b model, and a run of the test suite used to leave ~60 of the tiny model's behind).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import socket
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -31,12 +40,21 @@ def canonical_name(name: str) -> str:
 
 
 class CheckpointWriter:
-    """The current weights of one served checkpoint, written to ``<root>/v<version>`` on each sync."""
+    """The current weights of one served checkpoint, written to ``<root>/v<version>`` on each sync.
 
-    def __init__(self, model_dir: str | Path, root: str | Path):
+    ``root``: default a directory of this writer's own under the cache (see the module docstring). The version
+    directories it writes are removed by :meth:`close`, on garbage collection or at exit, and so is ``root``
+    once empty."""
+
+    def __init__(self, model_dir: str | Path, root: str | Path | None = None):
         self.model_dir = Path(model_dir)
-        self.root = Path(root)
+        self.root = Path(root) if root is not None else _own_root(self)
         self._tensors: dict | None = None
+        self._cleanup = weakref.finalize(self, _remove_versions, self.root)
+
+    def close(self) -> None:
+        """Remove what this writer wrote (idempotent)."""
+        self._cleanup()
 
     def _load(self) -> dict:
         if self._tensors is None:
@@ -93,6 +111,42 @@ class CheckpointWriter:
         for d in self.root.glob("v*"):
             if d.is_dir() and d != keep:
                 shutil.rmtree(d, ignore_errors=True)
+
+
+def _remove_versions(root: Path) -> None:
+    for d in root.glob("v*"):
+        if d.is_dir():
+            shutil.rmtree(d, ignore_errors=True)
+    try:
+        root.rmdir()
+    except OSError:  # gone already, or holds something this writer did not write
+        pass
+
+
+_OWNED = re.compile(r"(?:(?P<host>.+)-)?(?P<pid>\d+)-[0-9a-f]+")
+"""``<host>-<pid>-<id>``; versions before the host was added wrote ``<pid>-<id>``."""
+
+
+def _own_root(writer: object) -> Path:
+    """A fresh directory for ``writer`` under the cache, after removing those of dead processes of this host."""
+    from vlrl.models.build import default_cache_root
+
+    base, host = default_cache_root() / "vllm" / "weights", socket.gethostname()
+    for d in base.glob("*") if base.is_dir() else ():
+        m = _OWNED.fullmatch(d.name)
+        if m and m["host"] in (host, None) and not _alive(int(m["pid"])):
+            _remove_versions(d)
+    return base / f"{host}-{os.getpid()}-{id(writer):x}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def verify_checksums(url: str, before: dict, after: dict, n_changed: int) -> int:

@@ -328,6 +328,7 @@ class VllmEngine:
         return self.weights.verify(model, PROBE_TOL if tol is None else tol)
 
     def close(self) -> None:
+        self.weights.close()
         self.client.close()
 
 

@@ -27,7 +27,6 @@ worker extension, the run's limits and execution mode):
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -303,10 +302,7 @@ class InprocessVllmEngine:
                 "served checkpoint's values: send every parameter (model.named_parameters())"
             )
         if self._writer is None:
-            from vlrl.models.build import default_cache_root
-
-            root = default_cache_root() / "vllm" / "weights" / f"{os.getpid()}-{id(self):x}"
-            self._writer = CheckpointWriter(self.config.model_dir, root)
+            self._writer = CheckpointWriter(self.config.model_dir)
         n_changed = len(self._writer.merge(named))
         path = self._writer.write(version)
         self._reload("vlrl_reload_weights", {"weights_path": str(path)}, n_changed)
@@ -373,6 +369,8 @@ class InprocessVllmEngine:
         return [float(e[t].logprob) for t, e in zip(ids[1:], out.prompt_logprobs[1:])]
 
     def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
         self._driver.close()
         shutdown = getattr(self.llm.llm_engine, "engine_core", None)
         if shutdown is not None and hasattr(shutdown, "shutdown"):

@@ -36,7 +36,6 @@ lack (``../shared/reference/vllm-versions.md`` §5).
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -133,10 +132,7 @@ class WeightSync:
         if self.model_dir is None:
             raise VllmServerError("update_weights needs the served checkpoint dir (VllmEngine(model_dir=...))")
         if self._writer is None:
-            from vlrl.models.build import default_cache_root
-
-            root = default_cache_root() / "vllm" / "weights" / f"{os.getpid()}-{id(self):x}"
-            self._writer = CheckpointWriter(self.model_dir, root)
+            self._writer = CheckpointWriter(self.model_dir)
         version = self.version + 1 if version is None else int(version)
         n_changed = len(self._writer.merge(named))
         if self._pushed:  # the servers hold pushed tensors the merged copy never saw: anything sent may move
@@ -159,6 +155,11 @@ class WeightSync:
             self.client.run(self._reload(url, rpc, version, "reload checkpoint"))
         self._writer = None
         self.version = version
+
+    def close(self) -> None:
+        """Remove the merged checkpoint copy from disk (stopping the servers is not this object's job)."""
+        if self._writer is not None:
+            self._writer.close()
 
     def push(
         self,
