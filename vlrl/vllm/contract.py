@@ -61,8 +61,26 @@ def sampling_fields(
         "logprobs": params.logprobs_topk + 1 if params.logprobs_topk else (0 if reports_logprobs else None),
         "detokenize": bool(params.stop),
         "skip_special_tokens": True,
-        **({"bad_words": list(ban_words)} if ban_words is not None else {"extra_args": {BAN_KEY: list(banned_ids)}}),
+        **ban_fields(banned_ids, ban_words),
     }
+
+
+def ban_fields(banned_ids: Sequence[int], ban_words: Sequence[str] | None = None) -> dict[str, Any]:
+    """The vision-token ban as vLLM sampling-params fields: ``extra_args`` for vlrl's logits processor, or
+    ``ban_words`` (the ids' text) as vLLM's ``bad_words``."""
+    return {"bad_words": list(ban_words)} if ban_words is not None else {"extra_args": {BAN_KEY: list(banned_ids)}}
+
+
+def bad_words_for(tokenizer, ids: Sequence[int]) -> list[str]:
+    """``ids`` as vLLM's ``bad_words``, checked with ``tokenizer`` (the served checkpoint's, which a server
+    tokenizes them back with): each id's text, left-stripped as vLLM does, must come back as that id alone, or it
+    would not be banned by itself (stricter than vLLM, which may also ban a space-prefixed form). The in-process
+    engine checks with vLLM's own tokenization instead (``vlrl.vllm.ban.ban_as_bad_words``)."""
+    words = [tokenizer.decode([i]) for i in ids]
+    apart = [i for i, w in zip(ids, words) if tokenizer.encode(w.lstrip(), add_special_tokens=False) != [i]]
+    if apart:
+        raise ValueError(f"bad_words would not ban token ids {apart} alone (their text re-tokenizes apart)")
+    return words
 
 
 def cut_before_stop(tokenizer, ids: list[int], lps: list[float], stop: str) -> tuple[list[int], list[float]]:

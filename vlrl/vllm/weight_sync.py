@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from vlrl.checks.bounds import bounds_for
@@ -47,10 +47,11 @@ from vlrl.render.types import RenderedPrompt
 from vlrl.vllm.capabilities import generated_logprobs
 from vlrl.vllm.checkpoint import CheckpointWriter, verify_checksums
 from vlrl.vllm.client import GENERATE, VllmClient
+from vlrl.vllm.contract import ban_fields
 from vlrl.vllm.image_cache import ServerImages
 from vlrl.vllm.items import generate_features
 from vlrl.vllm.renderer import VllmRenderer
-from vlrl.vllm.server import BAN_KEY, VllmServerError
+from vlrl.vllm.server import VllmServerError
 from vlrl.vllm.tensor_transfer import Transport
 from vlrl.vllm.worker import HEAD_CHECK_TOL
 
@@ -64,8 +65,17 @@ class WeightSync:
     each sync), the version, and the logprob probe that proves they hold a given model's weights."""
 
     def __init__(
-        self, client: VllmClient, tokenizer, *, model: str, model_dir: str | None, images: ServerImages | None = None
+        self,
+        client: VllmClient,
+        tokenizer,
+        *,
+        model: str,
+        model_dir: str | None,
+        images: ServerImages | None = None,
+        ban_fields: Callable[[], Awaitable[dict]] | None = None,
     ):
+        """``ban_fields``: the vision-token ban as the servers apply it (the engine's, which asks them first);
+        default vlrl's logits processor's ``extra_args``."""
         self.client = client
         self.images = images or ServerImages()
         """What the engine believes each server's multimodal cache holds; forgotten where the caches are cleared."""
@@ -78,6 +88,7 @@ class WeightSync:
         self._probe: RenderedPrompt | None = None
         self._image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
         self._banned_ids = tuple(tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS)
+        self._ban_fields = ban_fields or self._processor_ban
         self._gpus: dict[str, list[str]] = {}
         self._pushed = False  # a push since the last checkpoint sync: the merged copy is not what is served
         self.last_route: str | None = None
@@ -273,6 +284,9 @@ class WeightSync:
             self._probe = dataclasses.replace(rendered, token_ids=rendered.token_ids + tuple(probe_ids(self.tokenizer)))
         return self._probe
 
+    async def _processor_ban(self) -> dict:
+        return ban_fields(self._banned_ids)
+
     async def _adecode(self, prompt: RenderedPrompt, url: str, n: int = DECODE_PROBE_TOKENS) -> tuple[list, list]:
         """``n`` tokens sampled after ``prompt`` (T = 1, seed 0, the vision ids banned as in a rollout) and their
         logprobs: the decode steps, which a server may run as CUDA graphs captured before the reload
@@ -282,7 +296,7 @@ class WeightSync:
             "model": self.model,
             "token_ids": list(prompt.token_ids),
             "output_mode": "tokens",
-            "sampling_params": {**sp, "extra_args": {BAN_KEY: list(self._banned_ids)}},
+            "sampling_params": {**sp, **(await self._ban_fields())},
         }
         if prompt.n_images:
             body["features"] = generate_features(prompt, self._image_token_id)
