@@ -69,7 +69,7 @@ def engine_for(model_dir, url: str):
         }
     )
     engine.item_codec = ItemCodec(encode_mm_kwargs_item(template))
-    engine._ban_checked = True  # the stub is not vLLM: it answers without sampling, so the ban probe has nothing to see
+    engine.ban = "processor"  # the stub is not vLLM: it answers without sampling, so the ban probe has nothing to see
     return engine
 
 

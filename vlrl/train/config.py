@@ -151,7 +151,8 @@ class RolloutSection:
     ``vlrl.vllm.sampled_logprobs``); auto = sampler in process, vllm from a server."""
     vllm_ban: Literal["auto", "processor", "bad_words"] = "auto"
     """How vLLM is kept from sampling vision tokens: vlrl's logits processor, or vLLM's bad_words (a server is then
-    started without the processor, and vLLM may run its model runner V2); auto = bad_words where it then does."""
+    started without the processor, and vLLM may run its model runner V2); auto = bad_words where it then does in
+    process, the processor on servers (V2 servers have not run on a GPU yet)."""
     eval_temperature: float = 0.0
     """Sampling temperature of evaluation (0 = greedy)."""
     logprobs_topk: int = 0

@@ -26,6 +26,7 @@ import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
+from vlrl.vllm.contract import bans_alone
 from vlrl.vllm.server import BAN_KEY
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ def check_ban_applied(engine) -> None:
         return [t for t, _ in engine.generate([prompt], greedy)[0].top_logprobs[0]]
 
     first = top()
-    can_ban = [t for t in first if engine.ban != "bad_words" or _bans_alone(engine.llm.get_tokenizer(), t)]
+    can_ban = [t for t in first if engine.ban != "bad_words" or bans_alone(engine.llm.get_tokenizer(), t)]
     if not can_ban:
         raise VllmServerError(f"no token of the probe's top {len(first)} can be banned by bad_words alone")
     pick = can_ban[0]
@@ -122,11 +123,3 @@ def check_ban_applied(engine) -> None:
         engine.banned_ids = banned
     if pick in again:
         raise VllmServerError(f"the in-process vLLM ignores vlrl's vision-token ban ({engine.ban})")
-
-
-def _bans_alone(tokenizer, token: int) -> bool:
-    try:
-        ban_as_bad_words(tokenizer, (token,))
-    except ValueError:
-        return False
-    return True

@@ -27,7 +27,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
 
 from vlrl.vllm.config import BAN_KEY, BAN_PROCESSOR, VllmServerError
-from vlrl.vllm.contract import bad_words_for, ban_fields
+from vlrl.vllm.contract import bad_words_for, ban_fields, bans_alone
 
 if TYPE_CHECKING:
     from vlrl.vllm.client import VllmClient
@@ -274,35 +274,31 @@ async def check_ban(
         if form == "processor":
             pick, fields = first[0], ban_fields([first[0]])
         else:
-            alone = [t for t in first if _bans_alone(tokenizer, t)]
+            alone = [t for t in first if bans_alone(tokenizer, t)]
             if not alone:
                 raise VllmServerError(f"{url}: no token of the ban probe's top 19 can be banned by bad_words alone")
             pick, fields = alone[0], ban_fields([alone[0]], bad_words_for(tokenizer, [alone[0]]))
         return pick not in await top(url, fields)
 
     urls = client.live_urls() or client.urls
+    hint = f"start it with `--logits-processors {BAN_PROCESSOR}`, as `vlrl serve` and vllm_stack do by default"
     if ban != "bad_words":
         ignoring = [url for url in urls if not await applies(url, "processor")]
         if not ignoring:
             return "processor"
         if ban == "processor":
             raise VllmUnsupportedError(
-                f"the vLLM server at {ignoring[0]} ignores vlrl's vision-token ban (extra_args[{BAN_KEY!r}]): start "
-                f"it with `--logits-processors {BAN_PROCESSOR}`, as `vlrl serve` and vllm_stack do with ban='processor'"
+                f"the vLLM server at {ignoring[0]} ignores vlrl's vision-token ban (extra_args[{BAN_KEY!r}]): {hint}"
             )
-    bad_words_for(tokenizer, banned_ids)  # the ban's own words come back as their ids alone
+    try:
+        bad_words_for(tokenizer, banned_ids)  # the ban's own words come back as their ids alone
+    except ValueError as exc:
+        raise VllmUnsupportedError(f"the vision-token ban cannot go as bad_words: {exc}; {hint}") from exc
     for url in urls:
         if not await applies(url, "bad_words"):
-            raise VllmUnsupportedError(f"the vLLM server at {url} ignores vLLM's own bad_words")
+            also = "" if ban == "bad_words" else f" and vlrl's logits processor ({hint})"
+            raise VllmUnsupportedError(f"the vLLM server at {url} ignores vLLM's own bad_words{also}")
     return "bad_words"
-
-
-def _bans_alone(tokenizer, token: int) -> bool:
-    try:
-        bad_words_for(tokenizer, [token])
-    except ValueError:
-        return False
-    return True
 
 
 def model_runner_v2(llm) -> bool | None:
@@ -321,17 +317,23 @@ def v2_without_processors(llm_kwargs: dict) -> bool:
 
 
 @cache
-def v2_without_processors_in(python: str, llm_kwargs_json: str) -> bool:
-    """:func:`v2_without_processors` asked of the vLLM of ``python`` (a server's interpreter), once per settings."""
-    kwargs = json.loads(llm_kwargs_json)
-    if python == sys.executable:
-        return v2_without_processors(kwargs)
+def v2_without_processors_in(python: str, llm_kwargs_json: str, env: tuple[tuple[str, str], ...]) -> bool:
+    """:func:`v2_without_processors` asked of the vLLM of ``python`` in a server's environment ``env`` (a process of
+    its own: vLLM is not imported here), once per settings."""
     code = "import json,sys; from vlrl.vllm.capabilities import v2_without_processors as f; "
-    code += "print(json.dumps(f(json.loads(sys.argv[1]))))"
-    out = subprocess.run([python, "-c", code, llm_kwargs_json], capture_output=True, text=True, timeout=300)
-    if out.returncode != 0:
-        raise VllmServerError(f"{python}: could not ask vLLM which model runner it would use: {out.stderr[-500:]}")
-    return bool(json.loads(out.stdout.strip().splitlines()[-1]))
+    code += "print('vlrl-v2:', json.dumps(f(json.loads(sys.argv[1]))))"
+    why = ""
+    try:
+        out = subprocess.run(
+            [python, "-c", code, llm_kwargs_json], capture_output=True, text=True, timeout=300, env=dict(env)
+        )
+        answers = [line.split(":", 1)[1] for line in out.stdout.splitlines() if line.startswith("vlrl-v2:")]
+        if out.returncode == 0 and answers:
+            return bool(json.loads(answers[-1]))
+        why = out.stderr[-500:]
+    except subprocess.TimeoutExpired:
+        why = "no answer in 300 s"
+    raise VllmServerError(f"{python}: could not ask vLLM which model runner it would use: {why}")
 
 
 def vllm_python() -> str:

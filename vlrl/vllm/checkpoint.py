@@ -6,18 +6,23 @@ extension), so each sync merges the trainer's tensors into a full copy of the se
 drives the reload and :func:`verify_checksums` checks that the servers' weights moved as they should.
 
 The copy is scratch: one version on disk at a time, under ``<cache>/vllm/weights/<host>-<pid>-<id>/``, removed
-when the writer is closed or collected or the process exits. A process that was killed cannot clean up, so a new
-writer removes the directories of this host's processes that no longer run (each held a whole checkpoint:
-~4 GB for the 2b model, and a run of the test suite used to leave ~60 of the tiny model's behind).
+when the writer is closed or collected or its process exits (not a forked child's). A process that was killed
+cannot clean up, so a new writer removes the directories nobody owns any more: each writer holds an exclusive
+``flock`` on its directory's lock file for its life, which the kernel drops when the process dies, whatever host or
+PID namespace it ran in (each copy is a whole checkpoint: ~4 GB for the 2b model; a run of the test suite used to
+leave ~60 of the tiny model's behind). Directories from before the lock, which have no owner to ask, go a day after
+their last change.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import shutil
 import socket
+import time
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,15 +47,18 @@ def canonical_name(name: str) -> str:
 class CheckpointWriter:
     """The current weights of one served checkpoint, written to ``<root>/v<version>`` on each sync.
 
-    ``root``: default a directory of this writer's own under the cache (see the module docstring). The version
-    directories it writes are removed by :meth:`close`, on garbage collection or at exit, and so is ``root``
-    once empty."""
+    ``root``: default a directory of this writer's own under the cache (see the module docstring), removed whole by
+    :meth:`close`, on garbage collection or at exit; of a given ``root`` only the version directories go."""
 
     def __init__(self, model_dir: str | Path, root: str | Path | None = None):
         self.model_dir = Path(model_dir)
-        self.root = Path(root) if root is not None else _own_root(self)
         self._tensors: dict | None = None
-        self._cleanup = weakref.finalize(self, _remove_versions, self.root)
+        lock: int | None = None
+        if root is None:
+            self.root, lock = _own_root(self)
+        else:
+            self.root = Path(root)
+        self._cleanup = weakref.finalize(self, _remove, self.root, os.getpid(), lock)
 
     def close(self) -> None:
         """Remove what this writer wrote (idempotent)."""
@@ -108,44 +116,80 @@ class CheckpointWriter:
 
     def prune(self, keep: Path) -> None:
         """Remove older version directories (one checkpoint on disk at a time)."""
-        for d in self.root.glob("v*"):
-            if d.is_dir() and d != keep:
+        for d in _versions(self.root):
+            if d != keep:
                 shutil.rmtree(d, ignore_errors=True)
 
 
-def _remove_versions(root: Path) -> None:
-    for d in root.glob("v*"):
-        if d.is_dir():
+LOCK = ".owner.lock"
+"""In a writer's own directory: held (``flock``, exclusive) by the writer's process while it lives."""
+UNLOCKED_GRACE_S = 60.0
+"""A directory whose lock is free is swept only this long after its last change: its writer may be between
+creating it and taking the lock."""
+LOCKLESS_STALE_S = 86400.0
+"""Directories without a lock file (vlrl before the lock) are swept this long after their last change."""
+_VERSION = re.compile(r"v\d+")
+
+
+def _versions(root: Path) -> list[Path]:
+    return [d for d in root.glob("v*") if _VERSION.fullmatch(d.name) and d.is_dir()] if root.is_dir() else []
+
+
+def _remove(root: Path, owner_pid: int, lock: int | None) -> None:
+    """The finalizer: the version directories, and the whole of a writer's own ``root`` (``lock`` its lock's fd)."""
+    if os.getpid() != owner_pid:  # a forked child exiting: its parent still serves these
+        return
+    if lock is None:
+        for d in _versions(root):
             shutil.rmtree(d, ignore_errors=True)
-    try:
-        root.rmdir()
-    except OSError:  # gone already, or holds something this writer did not write
-        pass
+        return
+    shutil.rmtree(root, ignore_errors=True)
+    os.close(lock)
 
 
-_OWNED = re.compile(r"(?:(?P<host>.+)-)?(?P<pid>\d+)-[0-9a-f]+")
-"""``<host>-<pid>-<id>``; versions before the host was added wrote ``<pid>-<id>``."""
-
-
-def _own_root(writer: object) -> Path:
-    """A fresh directory for ``writer`` under the cache, after removing those of dead processes of this host."""
+def _own_root(writer: object) -> tuple[Path, int]:
+    """A fresh directory for ``writer`` under the cache and its held lock's fd, once the unowned ones are swept."""
     from vlrl.models.build import default_cache_root
 
-    base, host = default_cache_root() / "vllm" / "weights", socket.gethostname()
-    for d in base.glob("*") if base.is_dir() else ():
-        m = _OWNED.fullmatch(d.name)
-        if m and m["host"] in (host, None) and not _alive(int(m["pid"])):
-            _remove_versions(d)
-    return base / f"{host}-{os.getpid()}-{id(writer):x}"
+    base = default_cache_root() / "vllm" / "weights"
+    base.mkdir(parents=True, exist_ok=True)
+    _sweep(base)
+    root = base / f"{socket.gethostname()}-{os.getpid()}-{id(writer):x}"
+    root.mkdir(exist_ok=True)
+    lock = os.open(root / LOCK, os.O_CREAT | os.O_RDWR, 0o644)
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return root, lock
 
 
-def _alive(pid: int) -> bool:
+def _sweep(base: Path) -> None:
+    now = time.time()
+    for d in base.iterdir():
+        try:
+            age = now - d.stat().st_mtime
+        except OSError:  # removed meanwhile
+            continue
+        if not d.is_dir():
+            continue
+        if (d / LOCK).exists():
+            stale = age > UNLOCKED_GRACE_S and _unowned(d / LOCK)
+        else:
+            stale = age > LOCKLESS_STALE_S
+        if stale:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _unowned(lock: Path) -> bool:
+    """Whether no process holds ``lock`` (taken and let go at once to find out)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:
         return False
-    except PermissionError:  # another user's process
-        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
     return True
 
 

@@ -32,10 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--ban",
-        default="auto",
+        default="processor",
         choices=("auto", "processor", "bad_words"),
         help="the vision-token ban: vlrl's logits processor loaded, or left out for vLLM's bad_words (auto: left out "
-        "where vLLM then runs its model runner V2); an attached engine finds which",
+        "where vLLM then runs its model runner V2); an attached engine finds which (rollout.vllm_ban)",
     )
     parser.add_argument("--log", default=None, help="server log file (default under the vlrl cache)")
 

@@ -29,7 +29,8 @@ CUDA vLLM 0.26 the same without the two 0.32-only flags, with the KV cache sized
 - ``--worker-extension-cls vlrl.vllm.worker.VlrlWorkerExtension``: the reload that also
   refreshes a tied LM head (see ``vlrl.vllm.worker``);
 - ``--logits-processors vlrl.vllm.ban:VisionBan``: the vision-placeholder ban as one tensor op a step (see
-  ``vlrl.vllm.ban`` for why not ``bad_words``);
+  ``vlrl.vllm.ban`` for why not ``bad_words`` on vLLM's model runner V1); left out with ``ServerConfig.ban``
+  ``bad_words`` (or ``auto`` where vLLM would then run V2), the engine then sending the ban as ``bad_words``;
 - ``--max-model-len`` / ``--limit-mm-per-prompt`` / ``VLLM_CPU_KVCACHE_SPACE`` (CPU) or
   ``--kv-cache-memory-bytes`` (CUDA): from the run (``vlrl.vllm.limits``), never vLLM's or vlrl's defaults.
   On CUDA ``--gpu-memory-utilization`` is then only vLLM's start-up check (free memory ≥ fraction × total),
@@ -138,8 +139,9 @@ class ServerConfig:
     """API processes on the one port (``--api-server-count``); four did not speed vlrl at 64 (NOTE.md run 30)."""
     execution: Execution = "auto"
     """How vLLM runs the model (:data:`EXECUTION_FLAGS`); ``auto``: ``eager`` on CPU, ``graphs`` on CUDA."""
-    ban: Literal["auto", "processor", "bad_words"] = "auto"
-    """The vision-token ban the server is started for (:meth:`loads_ban_processor`) and the engine sends."""
+    ban: Literal["auto", "processor", "bad_words"] = "processor"
+    """The vision-token ban the server is started for (:meth:`loads_ban_processor`) and the engine sends. The
+    processor by default: a server on vLLM's model runner V2 (``auto`` on CUDA) has not yet run on a GPU."""
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = field(default=())
 
@@ -244,7 +246,8 @@ class ServerConfig:
             return True
         from vlrl.vllm.capabilities import v2_without_processors_in, vllm_python
 
-        return not v2_without_processors_in(vllm_python(), json.dumps(self.llm_kwargs(caps), sort_keys=True))
+        env = tuple(sorted((k, v) for k, v in self.env(caps).items() if k != API_KEY_ENV))
+        return not v2_without_processors_in(vllm_python(), json.dumps(self.llm_kwargs(caps), sort_keys=True), env)
 
     def execution_flags(self, device: str) -> tuple[str, ...]:
         """vLLM's flags for :attr:`execution` on ``device`` (``cpu`` or ``cuda``)."""

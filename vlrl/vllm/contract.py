@@ -31,7 +31,8 @@ def sampling_fields(
     """vLLM's ``SamplingParams`` fields for one request (a generate body's ``sampling_params``, or
     ``vllm.SamplingParams(**fields)``); raises on an empty or too long prompt, a vision id as a stop token, or
     truncation not allowed. The ban goes as ``extra_args`` for vlrl's logits processor (``vlrl.vllm.ban``), or
-    with ``ban_words`` (``vlrl.vllm.ban.ban_as_bad_words``) as vLLM's ``bad_words``. ``reports_logprobs=False``:
+    with ``ban_words`` (:func:`bad_words_for`; in process ``vlrl.vllm.ban.ban_as_bad_words``) as vLLM's
+    ``bad_words``. ``reports_logprobs=False``:
     vLLM reports no logprobs for the sampled tokens alone (``vlrl.vllm.sampled_logprobs`` keeps them); a top k
     is still asked of it."""
     if prompt_len == 0:
@@ -81,6 +82,16 @@ def bad_words_for(tokenizer, ids: Sequence[int]) -> list[str]:
     if apart:
         raise ValueError(f"bad_words would not ban token ids {apart} alone (their text re-tokenizes apart)")
     return words
+
+
+def bans_alone(tokenizer, token: int) -> bool:
+    """Whether ``token``'s text, as ``bad_words``, bans it by itself (:func:`bad_words_for`): the ban probes pick such
+    a token."""
+    try:
+        bad_words_for(tokenizer, [token])
+    except ValueError:
+        return False
+    return True
 
 
 def cut_before_stop(tokenizer, ids: list[int], lps: list[float], stop: str) -> tuple[list[int], list[float]]:

@@ -369,8 +369,9 @@ class InprocessVllmEngine:
         return [float(e[t].logprob) for t, e in zip(ids[1:], out.prompt_logprobs[1:])]
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
         self._driver.close()
         shutdown = getattr(self.llm.llm_engine, "engine_core", None)
         if shutdown is not None and hasattr(shutdown, "shutdown"):

@@ -109,6 +109,7 @@ def vllm_stack(
         engine = VllmEngine.from_pretrained(
             model_dir, client, max_context=cfg.max_model_len, model=cfg.served_model_name, ban=cfg.ban
         )
+        client.run(engine._check_ban())  # the form every server applies, known before any request body is built
         if renderer == "vllm":
             return VllmStack(route, engine, servers, cfg, route)
         if renderer != "embedded":
@@ -160,12 +161,14 @@ def rollout_stack(
     """``(renderer, engine, close)`` for a run's rollouts (``rollout.vllm_mode``): :func:`vllm_stack`'s servers, or
     the in-process engine (``vlrl.vllm.inprocess``) with the embedded renderer held to vLLM's own at start, as here.
     ``logprobs_from`` / ``ban``: ``rollout.vllm_logprobs`` / ``rollout.vllm_ban`` (``auto``: in process the sampler;
-    from a server vLLM's report; either way the ban as bad words where vLLM then runs its model runner V2).
+    from a server vLLM's report; the ban as bad words where vLLM then runs its model runner V2 in process, the
+    processor on servers).
     ``kwargs``: ``ServerConfig``'s (limits, dtype, execution)."""
     if mode == "server" and logprobs_from == "sampler":
         raise ValueError("rollout.vllm_logprobs='sampler' needs rollout.vllm_mode=inprocess")
     if mode == "server":
-        stack = vllm_stack(model_dir, renderer=renderer, ban=ban, **kwargs)
+        # auto: the processor, until a server on vLLM's model runner V2 (where auto would leave it out) runs on a GPU
+        stack = vllm_stack(model_dir, renderer=renderer, ban="processor" if ban == "auto" else ban, **kwargs)
         return stack.renderer, stack.engine, stack.close
     if mode != "inprocess":
         raise ValueError(f"rollout.vllm_mode must be 'server' or 'inprocess', got {mode!r}")

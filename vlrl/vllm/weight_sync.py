@@ -36,7 +36,9 @@ lack (``../shared/reference/vllm-versions.md`` §5).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -88,7 +90,8 @@ class WeightSync:
         self._probe: RenderedPrompt | None = None
         self._image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
         self._banned_ids = tuple(tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS)
-        self._ban_fields = ban_fields or self._processor_ban
+        # the engine's method, held weakly: no cycle, so a dropped engine frees its checkpoint copy at once
+        self._ban_fields = weakref.WeakMethod(ban_fields) if inspect.ismethod(ban_fields) else ban_fields
         self._gpus: dict[str, list[str]] = {}
         self._pushed = False  # a push since the last checkpoint sync: the merged copy is not what is served
         self.last_route: str | None = None
@@ -169,8 +172,9 @@ class WeightSync:
 
     def close(self) -> None:
         """Remove the merged checkpoint copy from disk (stopping the servers is not this object's job)."""
-        if self._writer is not None:
-            self._writer.close()
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
 
     def push(
         self,
@@ -284,8 +288,10 @@ class WeightSync:
             self._probe = dataclasses.replace(rendered, token_ids=rendered.token_ids + tuple(probe_ids(self.tokenizer)))
         return self._probe
 
-    async def _processor_ban(self) -> dict:
-        return ban_fields(self._banned_ids)
+    async def _ban(self) -> dict:
+        """The ban as the servers apply it (the engine's form), else vlrl's processor's ``extra_args``."""
+        source = self._ban_fields() if isinstance(self._ban_fields, weakref.WeakMethod) else self._ban_fields
+        return await source() if source is not None else ban_fields(self._banned_ids)
 
     async def _adecode(self, prompt: RenderedPrompt, url: str, n: int = DECODE_PROBE_TOKENS) -> tuple[list, list]:
         """``n`` tokens sampled after ``prompt`` (T = 1, seed 0, the vision ids banned as in a rollout) and their
@@ -296,7 +302,7 @@ class WeightSync:
             "model": self.model,
             "token_ids": list(prompt.token_ids),
             "output_mode": "tokens",
-            "sampling_params": {**sp, **(await self._ban_fields())},
+            "sampling_params": {**sp, **(await self._ban())},
         }
         if prompt.n_images:
             body["features"] = generate_features(prompt, self._image_token_id)
