@@ -67,8 +67,12 @@ class _Dead026(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
         if "features" not in body:  # the engine's vision-token ban probe (text only): a server that applies the ban
-            banned = body["sampling_params"]["extra_args"]["vlrl_ban"]
-            self._answer({"choices": [{"index": 0, "token_ids": [8 if banned else 7], "finish_reason": "length"}]})
+            banned = set(body["sampling_params"].get("extra_args", {}).get("vlrl_ban", []))
+            top = [t for t in range(7, 40) if t not in banned][:20]  # its top 20, in 0.26's shape
+            entry = {"token": f"token_id:{top[0]}", "logprob": -1.0}
+            entry["top_logprobs"] = [{"token": f"token_id:{t}", "logprob": -1.0 - i / 10} for i, t in enumerate(top)]
+            choice = {"index": 0, "token_ids": top[:1], "logprobs": {"content": [entry]}, "finish_reason": "length"}
+            self._answer({"choices": [choice]})
             return
         choice = {"index": 0, "token_ids": [], "logprobs": {"content": []}, "finish_reason": "error"}
         self._answer({"choices": [choice]})
@@ -117,7 +121,5 @@ class _Mute(_Dead026):
 def test_a_ban_probe_answered_without_a_token_is_an_error_that_names_it(vlrl_model_dir):
     with _engine_on(_Mute, vlrl_model_dir("qwen2_5_vl")) as engine:
         prompt = RenderedPrompt((1, 2, 3), None, None, (), (), "", ())
-        with pytest.raises(
-            VllmServerError, match=r"ban probe asked for one token and got \[\] \(finish_reason 'error'\)"
-        ):
+        with pytest.raises(VllmServerError, match=r"ban probe got no top 19 \(finish_reason 'error'\)"):
             engine.generate([prompt], SamplingParams(max_tokens=4, seed=0))

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.vllm
 ARCH = "qwen2_vl"
 DESTRUCTIVE = True
 N = 4
+GATE_S = 120.0
 ROWS: list[dict[str, Any]] = [{"prompt": None, "env_class": "maze2d/easy", "extras": {}, "seed": s} for s in range(N)]
 
 
@@ -48,7 +49,11 @@ class KillBeforeTurn1:
             else:
                 asyncio.get_running_loop().call_later(self.delay_s, self.kill)
             self.gate.set()
-        await self.gate.wait()
+        try:  # bounded: an episode that ended at turn 0 would leave the gate shut, and the rollout hung for good
+            await asyncio.wait_for(self.gate.wait(), GATE_S)
+        except TimeoutError:
+            asked = self.calls - N
+            raise RuntimeError(f"only {asked} of {N} episodes asked for turn 1 within {GATE_S:.0f} s") from None
         return await self.engine.agenerate(prompt, self.turn1_params or params, **kw)
 
 
@@ -66,7 +71,7 @@ def test_servers_killed_mid_rollout(vllm_stack, tiny):
     # 1. one of two servers killed between turns: its requests and renders fail over; every trajectory completes
     trajs = _rollout(stack, KillBeforeTurn1(stack.engine, first.kill))
     assert not first.alive()
-    assert [t.stop_reason for t in trajs] == ["max_turns"] * N, [t.error for t in trajs]
+    assert [t.stop_reason for t in trajs] == ["max_turns"] * N, [(t.stop_reason, t.error) for t in trajs]
     assert all(len(t.turns) == 2 for t in trajs)
     assert stack.engine.client.live_urls() == (last.url,)
     batch = collate(trajs, CollateSpec.from_model(tiny(ARCH).model))

@@ -266,7 +266,10 @@ async def check_ban(
         content = (first.get("logprobs") or {}).get("content")
         tops = generated_top_logprobs(content, 19, caps)
         if not tops or len(tops) != 1:
-            raise VllmServerError(f"{url}{GENERATE}: the vision-token ban probe got no top 19: {str(data)[:200]!r}")
+            raise VllmServerError(
+                f"{url}{GENERATE}: the vision-token ban probe got no top 19 (finish_reason "
+                f"{first.get('finish_reason')!r}): {str(data)[:200]!r}"
+            )
         return [t for t, _ in tops[0]]
 
     async def applies(url: str, form: BanForm) -> bool:
