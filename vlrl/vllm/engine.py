@@ -108,9 +108,7 @@ class VllmEngine:
         """The form the servers were found to apply (:meth:`_check_ban`); None before the first generate."""
         self._words: list[str] | None = None  # the banned ids' text, where the form is bad_words
         self._ban_lock: asyncio.Lock | None = None
-        self.weights = WeightSync(
-            self.client, tokenizer, model=model, model_dir=model_dir, images=self.images, ban_fields=self._ban_fields
-        )
+        self.weights = WeightSync(self.client, tokenizer, model=model, model_dir=model_dir, images=self.images)
 
     @classmethod
     def from_pretrained(
@@ -228,12 +226,8 @@ class VllmEngine:
                 if self.ban is None:
                     ban = await check_ban(self.client, self.model, self.tokenizer, self.banned_ids, self.ban_choice)
                     self._words = bad_words_for(self.tokenizer, self.banned_ids) if ban == "bad_words" else None
+                    self.weights.ban = ban_fields(self.banned_ids, self._words)  # its probe bans the same way
                     self.ban = ban
-
-    async def _ban_fields(self) -> dict:
-        """The ban as a request's sampling-params fields, in the form the servers apply."""
-        await self._check_ban()
-        return ban_fields(self.banned_ids, self._words)
 
     def request_body(self, prompt: RenderedPrompt, params: SamplingParams, codec: ItemCodec | None = None) -> dict:
         """The generate body; a prompt of the embedded renderer needs ``codec`` (its images are made into vLLM
@@ -327,6 +321,7 @@ class VllmEngine:
 
     def update_weights(self, named_tensors: NamedTensors, version: int | None = None, *, reference_model=None) -> int:
         """Reload every live server with the trainer's tensors (partial updates merge); returns the version."""
+        self.client.run(self._check_ban())  # the probe of ``reference_model`` bans as the servers do
         return self.weights.update(named_tensors, version, reference_model=reference_model)
 
     def clear_caches(self) -> None:
@@ -350,6 +345,7 @@ class VllmEngine:
         This is the vLLM engine's counterpart of the embedded engine's ``weights_checksum()``: vLLM's
         own checksums use its internal (fused) parameter layout, which cannot be compared with the
         trainer's; ``update_weights`` checks those move exactly when weights changed."""
+        self.client.run(self._check_ban())  # the probe bans as the servers do
         return self.weights.verify(model, PROBE_TOL if tol is None else tol)
 
     def close(self) -> None:

@@ -36,10 +36,8 @@ lack (``../shared/reference/vllm-versions.md`` §5).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import time
-import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vlrl.checks.bounds import bounds_for
@@ -74,10 +72,7 @@ class WeightSync:
         model: str,
         model_dir: str | None,
         images: ServerImages | None = None,
-        ban_fields: Callable[[], Awaitable[dict]] | None = None,
     ):
-        """``ban_fields``: the vision-token ban as the servers apply it (the engine's, which asks them first);
-        default vlrl's logits processor's ``extra_args``."""
         self.client = client
         self.images = images or ServerImages()
         """What the engine believes each server's multimodal cache holds; forgotten where the caches are cleared."""
@@ -90,8 +85,9 @@ class WeightSync:
         self._probe: RenderedPrompt | None = None
         self._image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
         self._banned_ids = tuple(tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS)
-        # the engine's method, held weakly: no cycle, so a dropped engine frees its checkpoint copy at once
-        self._ban_fields = weakref.WeakMethod(ban_fields) if inspect.ismethod(ban_fields) else ban_fields
+        self.ban: dict[str, Any] = ban_fields(self._banned_ids)
+        """The vision-token ban of the decode probe, as sampling-params fields: vlrl's logits processor's until the
+        engine has found the form its servers apply (``VllmEngine._check_ban`` sets it)."""
         self._gpus: dict[str, list[str]] = {}
         self._pushed = False  # a push since the last checkpoint sync: the merged copy is not what is served
         self.last_route: str | None = None
@@ -288,11 +284,6 @@ class WeightSync:
             self._probe = dataclasses.replace(rendered, token_ids=rendered.token_ids + tuple(probe_ids(self.tokenizer)))
         return self._probe
 
-    async def _ban(self) -> dict:
-        """The ban as the servers apply it (the engine's form), else vlrl's processor's ``extra_args``."""
-        source = self._ban_fields() if isinstance(self._ban_fields, weakref.WeakMethod) else self._ban_fields
-        return await source() if source is not None else ban_fields(self._banned_ids)
-
     async def _adecode(self, prompt: RenderedPrompt, url: str, n: int = DECODE_PROBE_TOKENS) -> tuple[list, list]:
         """``n`` tokens sampled after ``prompt`` (T = 1, seed 0, the vision ids banned as in a rollout) and their
         logprobs: the decode steps, which a server may run as CUDA graphs captured before the reload
@@ -302,7 +293,7 @@ class WeightSync:
             "model": self.model,
             "token_ids": list(prompt.token_ids),
             "output_mode": "tokens",
-            "sampling_params": {**sp, **(await self._ban())},
+            "sampling_params": {**sp, **self.ban},
         }
         if prompt.n_images:
             body["features"] = generate_features(prompt, self._image_token_id)
