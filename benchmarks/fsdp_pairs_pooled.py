@@ -25,6 +25,8 @@ def main() -> int:
     runs, pooled = [], []
     for path in sorted(root.glob("*/fsdp_vs_plain*.json")):
         d = json.loads(path.read_text())
+        if d.get("sides", ["fsdp", "plain"]) != ["fsdp", "plain"]:  # another pairing (--sides): not the bar's ratio
+            continue
         pairs = d["pair_ratios"]
         pooled += pairs
         runs.append(

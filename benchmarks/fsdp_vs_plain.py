@@ -17,6 +17,12 @@ Two ways to measure it, each writing JSON:
         --size 2b --device cuda --dtype bfloat16 --rows 64 --micro-batch 8 --steps 8 --out OUT.json
     python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/fsdp_vs_plain.py \\
         --size tiny --device cpu --dtype float32 --rows 4 --turns 2 --steps 2 --warmup 1 --out OUT.json  # CPU smoke
+
+``--sides A,B`` pairs two other sides (the ratio is A's step time over B's; the keys keep their ``fsdp_over_plain``
+names): ``fsdp_bf16_reduce`` is FSDP2 reducing and accumulating its gradients in the compute dtype, as the plain
+trainer accumulates them, instead of fp32 (``shard_model``'s ``reduce_dtype``; one rank reduces nothing, so on one
+rank that is the only difference): ``--sides fsdp_bf16_reduce,plain`` tells whether FSDP2's fp32 accumulation across
+micro-batches is its extra update time.
 """
 
 from __future__ import annotations
@@ -44,12 +50,14 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=8, help="timed pairs")
     p.add_argument("--warmup", type=int, default=1, help="untimed pairs first")
     p.add_argument("--group-fraction", type=float, default=None, help="FSDP group size (0: a group per block)")
+    p.add_argument("--sides", default="fsdp,plain", help="the two sides paired, of fsdp, plain, fsdp_bf16_reduce")
     p.add_argument("--profile", action="store_true", help="then profile one more update of each side")
     p.add_argument("--out", required=True)
     return p.parse_args()
 
 
 def main() -> None:
+    from vlrl.models.build import cached_model_dir
     from vlrl.train import distributed as D
     from vlrl.train.batch import CollateSpec, collate
 
@@ -61,15 +69,16 @@ def main() -> None:
     if d.device.startswith("cuda") and dtype == torch.float32:  # fp32 means fp32, as in vlrl.train.run
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    single = D.Dist.single(d.device)
-    fsdp_model, fsdp_trainer, model_dir = ft.build(args, d, dtype)
-    plain_model, plain_trainer, _ = ft.build(args, single, dtype)
-    batch = collate(ft.trajectories(args, model_dir, args.rows), CollateSpec.from_model(plain_model))
-    sides = {"fsdp": (fsdp_model, fsdp_trainer, d), "plain": (plain_model, plain_trainer, single)}
+    names = args.sides.split(",")
+    if len(names) != 2 or not set(names) <= set(SIDES):
+        raise SystemExit(f"fsdp_vs_plain: --sides takes two of {', '.join(SIDES)}, got {args.sides!r}")
+    sides = {name: build_side(args, name, d, dtype) for name in names}
+    model_dir = cached_model_dir(args.arch, args.size)
+    batch = collate(ft.trajectories(args, model_dir, args.rows), CollateSpec.from_model(sides[names[0]][0]))
     times: dict[str, dict[str, list[float]]] = {side: {} for side in sides}
     losses: dict[str, list[float]] = {side: [] for side in sides}
     for step in range(args.warmup + args.steps):
-        for side in ("fsdp", "plain") if step % 2 == 0 else ("plain", "fsdp"):
+        for side in names if step % 2 == 0 else names[::-1]:
             model, trainer, dd = sides[side]
             took, metrics, weights = ft.timed_step(model, trainer, batch, dd, dtype)
             del weights  # the gathered copy (4.4 GB for the 2b model) does not stay through the other side's step
@@ -82,16 +91,32 @@ def main() -> None:
         result["profile"] = {side: profiled(lambda s=s: s[1].sft_step(batch), s[2])[1] for side, s in sides.items()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k not in ("profile", "fsdp", "plain")}, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("profile", *sides)}, indent=2))
     D.close_distributed()
+
+
+SIDES = ("fsdp", "plain", "fsdp_bf16_reduce")
+
+
+def build_side(args, name: str, d, dtype: torch.dtype) -> tuple:
+    """A side's model, trainer and ``Dist``: FSDP2 on this one rank (fp32 reduce, or the compute dtype's), or the
+    plain trainer."""
+    from vlrl.train import distributed as D
+
+    if name == "plain":
+        single = D.Dist.single(d.device)
+        return (*ft.build(args, single, dtype)[:2], single)
+    reduce = args.dtype if name == "fsdp_bf16_reduce" else "float32"
+    return (*ft.build(argparse.Namespace(**vars(args), reduce_dtype=reduce), d, dtype)[:2], d)
 
 
 def summary(args, d, times: dict, losses: dict) -> dict:
     """Each side's step times and medians; each pair's ratio; the losses of both sides (same data, same start)."""
     from vlrl.bench.env import device_name, git_commit
 
-    pairs = [f / p for f, p in zip(times["fsdp"]["step_s"], times["plain"]["step_s"], strict=True)]
-    updates = [f / p for f, p in zip(times["fsdp"]["update_s"], times["plain"]["update_s"], strict=True)]
+    a, b = args.sides.split(",")
+    pairs = [f / p for f, p in zip(times[a]["step_s"], times[b]["step_s"], strict=True)]
+    updates = [f / p for f, p in zip(times[a]["update_s"], times[b]["update_s"], strict=True)]
     return {
         "benchmark": "fsdp_vs_plain",
         "commit": git_commit(),
@@ -104,15 +129,15 @@ def summary(args, d, times: dict, losses: dict) -> dict:
         "turns": args.turns,
         "micro_batch": args.micro_batch,
         "group_fraction": args.group_fraction,
+        "sides": [a, b],
         "pairs": args.steps,
         "fsdp_over_plain_step_time": statistics.median(pairs),
         "fsdp_over_plain_step_time_ci95": median_ci95(pairs),
         "fsdp_over_plain_update_time": statistics.median(updates),
         "pair_ratios": pairs,
-        "ratio_of_median_steps": statistics.median(times["fsdp"]["step_s"])
-        / statistics.median(times["plain"]["step_s"]),
+        "ratio_of_median_steps": statistics.median(times[a]["step_s"]) / statistics.median(times[b]["step_s"]),
         "losses": losses,
-        "loss_max_abs_diff": max(abs(a - b) for a, b in zip(losses["fsdp"], losses["plain"], strict=True)),
+        "loss_max_abs_diff": max(abs(x - y) for x, y in zip(losses[a], losses[b], strict=True)),
         **{side: {**t, **{f"{k}_median": statistics.median(v) for k, v in t.items()}} for side, t in times.items()},
     }
 

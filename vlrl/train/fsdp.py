@@ -76,12 +76,20 @@ def block_groups(model: torch.nn.Module, fraction: float = GROUP_FRACTION) -> li
 
 
 def shard_model(
-    model: torch.nn.Module, d: Dist, compute_dtype: torch.dtype, fraction: float = GROUP_FRACTION
+    model: torch.nn.Module,
+    d: Dist,
+    compute_dtype: torch.dtype,
+    fraction: float = GROUP_FRACTION,
+    reduce_dtype: torch.dtype = torch.float32,
 ) -> torch.nn.Module:
     """``fully_shard`` ``model`` in place over all ranks (see the module docstring); returns it.
 
     The model is on ``d.device`` in its storage dtype (fp32 masters, or bf16 with ``master_weights=model``);
     ``compute_dtype`` is what forwards run in; ``fraction``: the most of the model one group of blocks holds.
+    ``reduce_dtype``: what gradients are reduced and accumulated across micro-batches in. The trainer keeps fp32;
+    FSDP2 then casts each micro-batch's compute-dtype gradients to it, one kernel per parameter
+    (``benchmarks/fsdp_vs_plain.py --sides fsdp_bf16_reduce,plain`` times that against the plain trainer, which
+    accumulates in the compute dtype).
     """
     from vlrl.train.distributed import device_mesh  # at call time: see the import cycle above
 
@@ -89,8 +97,8 @@ def shard_model(
     param_dtype = None if compute_dtype == torch.float32 else compute_dtype
     # Only the root casts its inputs (the fp32 pixels, as a plain bf16 model's forward does): a block's inputs
     # are what the model hands it, as in a plain bf16 model — the vision blocks' RoPE cos/sin stay fp32.
-    root_mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    block_mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    root_mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    block_mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=False)
     for group in block_groups(model, fraction):
         fully_shard(group, mesh=mesh, mp_policy=block_mp)
     inner: Any = model.model
