@@ -1,7 +1,8 @@
 """The one-rank FSDP2/plain pair ratios of every committed ``benchmarks/fsdp_vs_plain.py`` run, per run and pooled.
 
 Each run's median of pair ratios, with a 95 % bootstrap interval (``fsdp_vs_plain.median_ci95``), and the same over
-all runs' pairs together: the runs differ in micro-batch and FSDP group size, whose effect measured below the spread
+all runs' pairs together, per the dtype FSDP2 reduced in (fp32 before session 54; one rank now sums in the compute
+dtype, ``vlrl.train.fsdp``): the runs differ in micro-batch and FSDP group size, whose effect measured below the spread
 between runs (benchmarks/results/fsdp_h100/59cbb6e/README.md), so the pooled figure is the best estimate of the
 one-rank overhead the FSDP issue bounds at 1.10.
 
@@ -22,16 +23,18 @@ from fsdp_vs_plain import median_ci95
 
 def main() -> int:
     root = Path(__file__).resolve().parent / "results" / "fsdp_h100"
-    runs, pooled = [], []
+    runs, pooled = [], {}
     for path in sorted(root.glob("*/fsdp_vs_plain*.json")):
         d = json.loads(path.read_text())
         if d.get("sides", ["fsdp", "plain"]) != ["fsdp", "plain"]:  # another pairing (--sides): not the bar's ratio
             continue
         pairs = d["pair_ratios"]
-        pooled += pairs
+        reduce = d.get("reduce_dtypes", {}).get("fsdp", "float32")  # runs before session 54 reduced in fp32
+        pooled.setdefault(reduce, []).extend(pairs)
         runs.append(
             {
                 "file": str(path.relative_to(root.parent.parent.parent)),
+                "fsdp_reduce_dtype": reduce,
                 "micro_batch": d.get("micro_batch"),
                 "group_fraction": d.get("group_fraction"),
                 "pairs": len(pairs),
@@ -41,10 +44,13 @@ def main() -> int:
         )
     result = {
         "runs": runs,
-        "pooled": {
-            "pairs": len(pooled),
-            "median": round(statistics.median(pooled), 3),
-            "ci95": [round(x, 3) for x in median_ci95(pooled)],
+        "pooled": {  # by the dtype FSDP2 summed and reduced gradients in: one figure per library behaviour
+            reduce: {
+                "pairs": len(pairs),
+                "median": round(statistics.median(pairs), 3),
+                "ci95": [round(x, 3) for x in median_ci95(pairs)],
+            }
+            for reduce, pairs in pooled.items()
         },
     }
     Path(sys.argv[1]).write_text(json.dumps(result, indent=2) + "\n")

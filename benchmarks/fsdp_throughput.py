@@ -109,8 +109,8 @@ def build(args, d, dtype: torch.dtype):
     model = load_model(model_dir, dtype=torch.float32 if d.sharded else dtype, device=d.device)
     if d.sharded:
         fraction = GROUP_FRACTION if args.group_fraction is None else args.group_fraction
-        reduce = getattr(torch, getattr(args, "reduce_dtype", "float32"))  # fsdp_vs_plain's fsdp_bf16_reduce side
-        shard_model(round_masters_(model, dtype), d, dtype, fraction, reduce)
+        reduce = getattr(args, "reduce_dtype", None)  # fsdp_vs_plain's fsdp_fp32_reduce side; else the default
+        shard_model(round_masters_(model, dtype), d, dtype, fraction, getattr(torch, reduce) if reduce else None)
     model.train()
     trainer = Trainer(model, AlgoConfig(), OptimSection(micro_batch_size=args.micro_batch), lr=1e-5)
     return model, trainer, model_dir

@@ -19,10 +19,10 @@ Two ways to measure it, each writing JSON:
         --size tiny --device cpu --dtype float32 --rows 4 --turns 2 --steps 2 --warmup 1 --out OUT.json  # CPU smoke
 
 ``--sides A,B`` pairs two other sides (the ratio is A's step time over B's; the keys keep their ``fsdp_over_plain``
-names): ``fsdp_bf16_reduce`` is FSDP2 reducing and accumulating its gradients in the compute dtype, as the plain
-trainer accumulates them, instead of fp32 (``shard_model``'s ``reduce_dtype``; one rank reduces nothing, so on one
-rank that is the only difference): ``--sides fsdp_bf16_reduce,plain`` tells whether FSDP2's fp32 accumulation across
-micro-batches is its extra update time.
+names): ``fsdp_fp32_reduce`` is FSDP2 reducing and accumulating its gradients in fp32, its one-rank default until
+session 54 (on one rank ``fsdp`` now sums the micro-batches' gradients in the compute dtype, as the plain trainer
+does; ``vlrl.train.fsdp``'s "Precision"): ``--sides fsdp_fp32_reduce,plain`` times what that choice saves. Each
+JSON records its sides' ``reduce_dtypes``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=8, help="timed pairs")
     p.add_argument("--warmup", type=int, default=1, help="untimed pairs first")
     p.add_argument("--group-fraction", type=float, default=None, help="FSDP group size (0: a group per block)")
-    p.add_argument("--sides", default="fsdp,plain", help="the two sides paired, of fsdp, plain, fsdp_bf16_reduce")
+    p.add_argument("--sides", default="fsdp,plain", help="the two sides paired, of fsdp, plain, fsdp_fp32_reduce")
     p.add_argument("--profile", action="store_true", help="then profile one more update of each side")
     p.add_argument("--out", required=True)
     return p.parse_args()
@@ -86,7 +86,7 @@ def main() -> None:
             if step >= args.warmup:
                 for key, value in took.items():
                     times[side].setdefault(key, []).append(value)
-    result = summary(args, d, times, losses)
+    result = summary(args, d, times, losses) | {"reduce_dtypes": {n: reduce_dtype(s[0]) for n, s in sides.items()}}
     if args.profile:  # after the timed pairs: the profiler's overhead stays out of them
         result["profile"] = {side: profiled(lambda s=s: s[1].sft_step(batch), s[2])[1] for side, s in sides.items()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -95,19 +95,32 @@ def main() -> None:
     D.close_distributed()
 
 
-SIDES = ("fsdp", "plain", "fsdp_bf16_reduce")
+SIDES = ("fsdp", "plain", "fsdp_fp32_reduce")
 
 
 def build_side(args, name: str, d, dtype: torch.dtype) -> tuple:
-    """A side's model, trainer and ``Dist``: FSDP2 on this one rank (fp32 reduce, or the compute dtype's), or the
-    plain trainer."""
+    """A side's model, trainer and ``Dist``: FSDP2 on this one rank (``shard_model``'s default reduce dtype, or
+    fp32), or the plain trainer."""
     from vlrl.train import distributed as D
 
     if name == "plain":
         single = D.Dist.single(d.device)
         return (*ft.build(args, single, dtype)[:2], single)
-    reduce = args.dtype if name == "fsdp_bf16_reduce" else "float32"
+    reduce = "float32" if name == "fsdp_fp32_reduce" else None
     return (*ft.build(argparse.Namespace(**vars(args), reduce_dtype=reduce), d, dtype)[:2], d)
+
+
+def reduce_dtype(model) -> str | None:
+    """The dtype FSDP2 reduces ``model``'s gradients in (None: not sharded)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            try:  # FSDP2's own record (private: a torch without it must not cost the run its numbers)
+                return str(m._get_fsdp_state()._mp_policy.reduce_dtype).removeprefix("torch.")
+            except AttributeError:
+                return "unknown"
+    return None
 
 
 def summary(args, d, times: dict, losses: dict) -> dict:

@@ -3,7 +3,8 @@ plain trainer, within the bf16 bound.
 
 Both runs keep fp32 master weights and compute in bf16: the plain trainer in its optimizer
 (``optim.master_weights=float32``, vlrl.train.master), FSDP2 as its sharded fp32 parameters with
-``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``. They take 2 SFT steps on the same expert batches:
+``MixedPrecisionPolicy(param_dtype=bf16)`` (one rank sums the micro-batches' gradients in bf16, as the plain trainer
+does; ``vlrl.train.fsdp``). They take 2 SFT steps on the same expert batches:
 the first step from identical weights (loss and gradient norm compared), then the policies compared token by token
 within the bf16 agreement bounds (``vlrl.checks.bounds``).
 

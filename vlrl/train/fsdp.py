@@ -24,6 +24,11 @@ parameters are fp32 — the optimizer's master weights — and forwards and back
 (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: gradients are reduced in fp32); the engine is
 sent the weights cast to bf16, the values the trainer's bf16 forward computes with. With
 ``master_weights=model`` the shards are bf16 themselves. fp32 runs (the CPU / gloo tests) cast nothing.
+On one rank nothing is reduced, and the reduce dtype only decides what the micro-batches' gradients are summed in:
+there it is the compute dtype, as the plain trainer sums them (autograd, in its bf16 parameters' gradients), so
+the one-rank FSDP2 step is the plain step (tests/train/test_fsdp_one_rank.py). fp32 there made FSDP2 cast every
+micro-batch's gradients and add them, one kernel per parameter: most of its extra update time on the CPU
+(benchmarks/results/fsdp_cpu_tiny, 1.19x the plain step against 1.05x).
 """
 
 from __future__ import annotations
@@ -80,21 +85,21 @@ def shard_model(
     d: Dist,
     compute_dtype: torch.dtype,
     fraction: float = GROUP_FRACTION,
-    reduce_dtype: torch.dtype = torch.float32,
+    reduce_dtype: torch.dtype | None = None,
 ) -> torch.nn.Module:
     """``fully_shard`` ``model`` in place over all ranks (see the module docstring); returns it.
 
     The model is on ``d.device`` in its storage dtype (fp32 masters, or bf16 with ``master_weights=model``);
     ``compute_dtype`` is what forwards run in; ``fraction``: the most of the model one group of blocks holds.
-    ``reduce_dtype``: what gradients are reduced and accumulated across micro-batches in. The trainer keeps fp32;
-    FSDP2 then casts each micro-batch's compute-dtype gradients to it, one kernel per parameter
-    (``benchmarks/fsdp_vs_plain.py --sides fsdp_bf16_reduce,plain`` times that against the plain trainer, which
-    accumulates in the compute dtype).
+    ``reduce_dtype``: what gradients are reduced and accumulated across micro-batches in; by default fp32 on two
+    ranks or more and ``compute_dtype`` on one (module docstring, "Precision").
     """
     from vlrl.train.distributed import device_mesh  # at call time: see the import cycle above
 
     mesh = device_mesh(d)
     param_dtype = None if compute_dtype == torch.float32 else compute_dtype
+    if reduce_dtype is None:
+        reduce_dtype = compute_dtype if d.world == 1 else torch.float32
     # Only the root casts its inputs (the fp32 pixels, as a plain bf16 model's forward does): a block's inputs
     # are what the model hands it, as in a plain bf16 model — the vision blocks' RoPE cos/sin stay fp32.
     root_mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)

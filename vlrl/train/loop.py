@@ -17,11 +17,14 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import torch
+
 from vlrl.errors import VlrlError
 from vlrl.train import distributed as D
 from vlrl.train.checkpoint import write_atomic
 from vlrl.train.config import TrainConfig
 from vlrl.train.experts import expert_for
+from vlrl.train.master import round_masters_
 from vlrl.train.run import Run
 from vlrl.train.trainer import Trainer
 
@@ -130,6 +133,10 @@ def sft(run: Run) -> None:
         run.log.metrics(k + 1, "sft", values)
         if every and (k + 1) % every == 0 and k + 1 < cfg.sft.steps:
             run.save(optimizer=sft_trainer.optimizer)
+    if run.dist.sharded and cfg.optim.master_weights == "float32" and run.dtype != torch.float32:
+        # The SFT optimizer's masters end with it: RL starts from the weights in the run's dtype, as a plain run's
+        # fresh RL optimizer starts its masters from its bf16 parameters (tests/train/test_fsdp_one_rank.py).
+        round_masters_(run.model, run.dtype)
     run.sync_weights()
     run.evaluate(0, "after_sft")
     if cfg.run.image_probe:
