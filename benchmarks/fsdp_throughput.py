@@ -18,7 +18,8 @@ every token of every rank's rows (prompt and reply). Peak memory is ``torch.cuda
 rank over the timed steps. ``--plain`` also runs the plain one-process trainer (no FSDP, weights in
 ``--dtype``) on one rank's rows, and reports FSDP's time over plain's. ``--compare-one-rank`` runs FSDP on one
 rank twice more in the same call: on one rank's rows (``speedup_vs_one_rank``: N ranks' tokens/s over one
-rank's, weak scaling) and on all N ranks' rows (the same data: every step's loss, summed over ranks, against
+rank's, weak scaling; one rank sums its micro-batches' gradients in the compute dtype, N ranks reduce in fp32:
+``vlrl.train.fsdp``) and on all N ranks' rows (the same data: every step's loss, summed over ranks, against
 N ranks' — ``loss_max_abs_diff_first3``).
 """
 
