@@ -86,7 +86,7 @@ def main() -> None:
             if step >= args.warmup:
                 for key, value in took.items():
                     times[side].setdefault(key, []).append(value)
-    result = summary(args, d, times, losses) | {"reduce_dtypes": {n: reduce_dtype(s[0]) for n, s in sides.items()}}
+    result = summary(args, d, times, losses) | {"reduce_dtypes": {n: reduce_dtype(n, d, dtype) for n in sides}}
     if args.profile:  # after the timed pairs: the profiler's overhead stays out of them
         result["profile"] = {side: profiled(lambda s=s: s[1].sft_step(batch), s[2])[1] for side, s in sides.items()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -110,17 +110,13 @@ def build_side(args, name: str, d, dtype: torch.dtype) -> tuple:
     return (*ft.build(argparse.Namespace(**vars(args), reduce_dtype=reduce), d, dtype)[:2], d)
 
 
-def reduce_dtype(model) -> str | None:
-    """The dtype FSDP2 reduces ``model``'s gradients in (None: not sharded)."""
-    from torch.distributed.fsdp import FSDPModule
+def reduce_dtype(side: str, d, dtype: torch.dtype) -> str | None:
+    """The dtype a side's gradients are reduced and summed in (None: the plain trainer's own, ``dtype``)."""
+    from vlrl.train.fsdp import default_reduce_dtype
 
-    for m in model.modules():
-        if isinstance(m, FSDPModule):
-            try:  # FSDP2's own record (private: a torch without it must not cost the run its numbers)
-                return str(m._get_fsdp_state()._mp_policy.reduce_dtype).removeprefix("torch.")
-            except AttributeError:
-                return "unknown"
-    return None
+    if side == "plain":
+        return None
+    return "float32" if side == "fsdp_fp32_reduce" else str(default_reduce_dtype(d, dtype)).removeprefix("torch.")
 
 
 def summary(args, d, times: dict, losses: dict) -> dict:

@@ -13,6 +13,8 @@ import pytest
 import torch
 from fsdp_helpers import checkpoint_weights, max_abs_diff, phase, run_plain, run_torchrun
 
+from vlrl.train.config import LORA_TARGETS
+
 pytestmark = pytest.mark.train
 
 BF16_MICRO = (
@@ -46,3 +48,14 @@ def test_one_rank_fsdp_takes_the_plain_steps_bit_for_bit(tmp_path, one_thread):
     a, b = (checkpoint_weights(run / "checkpoints" / "step_000001") for run in (plain, fsdp))
     diff, where = max_abs_diff({n: t.bfloat16() for n, t in a.items()}, {n: t.bfloat16() for n, t in b.items()})
     assert diff == 0.0, f"{where} differs by {diff:.2e} after SFT and an RL step"
+
+
+def test_lora_adapters_keep_their_fp32_values_when_sft_ends(tmp_path):
+    """The masters rounded when SFT ends are the ones a plain run drops. A plain bf16 LoRA run keeps its adapters as
+    fp32 parameters (peft), so FSDP2 must not round them to bf16 then."""
+    lora = ("model.dtype=bfloat16", "model.lora.rank=4", "model.lora.alpha=16", "run.steps=1", "run.samples=0")
+    fsdp = run_torchrun(1, tmp_path / "fsdp", *lora)
+    spec = {"rank": 4, "alpha": 16, "targets": LORA_TARGETS}
+    after_sft = checkpoint_weights(fsdp / "checkpoints" / "step_000000", spec)
+    adapters = {n: t for n, t in after_sft.items() if ".lora_" in n}
+    assert adapters and any(bool((t != t.bfloat16().float()).any()) for t in adapters.values())

@@ -80,6 +80,12 @@ def block_groups(model: torch.nn.Module, fraction: float = GROUP_FRACTION) -> li
     return groups
 
 
+def default_reduce_dtype(d: Dist, compute_dtype: torch.dtype) -> torch.dtype:
+    """What gradients are reduced and summed over micro-batches in: fp32 on two ranks or more; on one, which reduces
+    nothing, the compute dtype, as the plain trainer sums them (module docstring, "Precision")."""
+    return compute_dtype if d.world == 1 else torch.float32
+
+
 def shard_model(
     model: torch.nn.Module,
     d: Dist,
@@ -92,14 +98,13 @@ def shard_model(
     The model is on ``d.device`` in its storage dtype (fp32 masters, or bf16 with ``master_weights=model``);
     ``compute_dtype`` is what forwards run in; ``fraction``: the most of the model one group of blocks holds.
     ``reduce_dtype``: what gradients are reduced and accumulated across micro-batches in; by default fp32 on two
-    ranks or more and ``compute_dtype`` on one (module docstring, "Precision").
+    ranks or more and ``compute_dtype`` on one (:func:`default_reduce_dtype`).
     """
     from vlrl.train.distributed import device_mesh  # at call time: see the import cycle above
 
     mesh = device_mesh(d)
     param_dtype = None if compute_dtype == torch.float32 else compute_dtype
-    if reduce_dtype is None:
-        reduce_dtype = compute_dtype if d.world == 1 else torch.float32
+    reduce_dtype = reduce_dtype or default_reduce_dtype(d, compute_dtype)
     # Only the root casts its inputs (the fp32 pixels, as a plain bf16 model's forward does): a block's inputs
     # are what the model hands it, as in a plain bf16 model — the vision blocks' RoPE cos/sin stay fp32.
     root_mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)

@@ -133,9 +133,10 @@ def sft(run: Run) -> None:
         run.log.metrics(k + 1, "sft", values)
         if every and (k + 1) % every == 0 and k + 1 < cfg.sft.steps:
             run.save(optimizer=sft_trainer.optimizer)
-    if run.dist.sharded and cfg.optim.master_weights == "float32" and run.dtype != torch.float32:
+    if run.dist.sharded and cfg.optim.master_weights == "float32" and run.dtype != torch.float32 and not cfg.model.lora:
         # The SFT optimizer's masters end with it: RL starts from the weights in the run's dtype, as a plain run's
-        # fresh RL optimizer starts its masters from its bf16 parameters (tests/train/test_fsdp_one_rank.py).
+        # fresh RL optimizer starts its masters from its bf16 parameters (tests/train/test_fsdp_one_rank.py). Not
+        # with LoRA: there only the adapters train, and peft keeps them fp32 parameters in a plain run too.
         round_masters_(run.model, run.dtype)
     run.sync_weights()
     run.evaluate(0, "after_sft")
