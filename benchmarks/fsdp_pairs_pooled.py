@@ -4,7 +4,8 @@ Each run's median of pair ratios, with a 95 % bootstrap interval (``fsdp_vs_plai
 all runs' pairs together, per the dtype FSDP2 reduced in (fp32 before session 54; one rank now sums in the compute
 dtype, ``vlrl.train.fsdp``): the runs differ in micro-batch and FSDP group size, whose effect measured below the spread
 between runs (benchmarks/results/fsdp_h100/59cbb6e/README.md), so the pooled figure is the best estimate of the
-one-rank overhead the FSDP issue bounds at 1.10.
+one-rank overhead the FSDP issue bounds at 1.10. A run of FSDP2 against plain counts in either order (``--sides
+plain,fsdp`` is inverted) and ``fsdp_fp32_reduce`` pools with the fp32 runs; FSDP2 against FSDP2 does not count.
 
     python benchmarks/fsdp_pairs_pooled.py OUT.json
 """
@@ -26,14 +27,18 @@ def main() -> int:
     runs, pooled = [], {}
     for path in sorted(root.glob("*/fsdp_vs_plain*.json")):
         d = json.loads(path.read_text())
-        if d.get("sides", ["fsdp", "plain"]) != ["fsdp", "plain"]:  # another pairing (--sides): not the bar's ratio
+        sides = d.get("sides", ["fsdp", "plain"])
+        if "plain" not in sides or sides == ["plain", "plain"]:  # FSDP2 against FSDP2: not the bar's ratio
             continue
-        pairs = d["pair_ratios"]
-        reduce = d.get("reduce_dtypes", {}).get("fsdp", "float32")  # runs before session 54 reduced in fp32
+        fsdp = sides[1 - sides.index("plain")]
+        # A run's ratios are its first side's times over its second's: plain first (--sides plain,fsdp) inverts them.
+        pairs = d["pair_ratios"] if sides[0] == fsdp else [1 / r for r in d["pair_ratios"]]
+        reduce = d.get("reduce_dtypes", {}).get(fsdp, "float32")  # runs before session 54 reduced in fp32
         pooled.setdefault(reduce, []).extend(pairs)
         runs.append(
             {
                 "file": str(path.relative_to(root.parent.parent.parent)),
+                "sides": sides,
                 "fsdp_reduce_dtype": reduce,
                 "micro_batch": d.get("micro_batch"),
                 "group_fraction": d.get("group_fraction"),

@@ -4,8 +4,8 @@ The trainer's tensors stay in GPU memory; ``WeightSync.push(transport="cuda_ipc"
 through ``/collective_rpc`` and vlrl's worker extension copies from them into vLLM's weights
 (``reload_weights(weights_iterator=...)``). Proven as on CPU: the logprob probe matches the trainer's model and
 misses the old weights. Needs CUDA vLLM (``benchmarks/device/vllm_gpu.sh`` unpacks it):
-``pytest -m gpu tests/gpu/test_vllm_gpu.py``. Written in the session that ran tests/vllm on CUDA vLLM 0.26;
-not yet run on a GPU (the device time was spent on that suite). Training syncs (``update_weights``) take the
+``pytest -m gpu tests/gpu/test_vllm_gpu.py`` (passed on the GPU host at b171d07, 5178659 and f51ccdf,
+``benchmarks/results/gpu_correctness_h100/``). Training syncs (``update_weights``) take the
 IPC route by themselves when the server runs on the trainer's GPU (``WeightSync.last_route``).
 """
 

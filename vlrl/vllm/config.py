@@ -141,7 +141,8 @@ class ServerConfig:
     """How vLLM runs the model (:data:`EXECUTION_FLAGS`); ``auto``: ``eager`` on CPU, ``graphs`` on CUDA."""
     ban: Literal["auto", "processor", "bad_words"] = "processor"
     """The vision-token ban the server is started for (:meth:`loads_ban_processor`) and the engine sends. The
-    processor by default: a server on vLLM's model runner V2 (``auto`` on CUDA) has not yet run on a GPU."""
+    processor by default: the rest of tests/vllm has run on CUDA against processor servers; a bad-words server (on
+    vLLM's model runner V2 there, as ``auto`` picks on CUDA) has passed only tests/vllm/test_vllm_ban.py there."""
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = field(default=())
 
