@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from vlrl.envs.contract import EnvError
 from vlrl.envs.maze2d import FEEDBACK_WALL
 from vlrl.envs.maze_solver import expert_actions
 from vlrl.envs.maze_text import LEVELS, action_text, make_maze2d, maze2d_expert
@@ -109,3 +110,37 @@ def test_first_turn_rows_train_on_the_bfs_first_move_alone(tiny):
         first = action_text(expert_actions(game.maze_map, game.agent, game.target)[0], "keyword")
         assert len(t.turns) == 1 and t.turns[0].text == first, (row.seed, t.turns)
         assert sum(t.loss_mask) > 0
+
+
+def test_expert_open_names_the_moves_no_wall_blocks_and_plays_the_same_episode():
+    """``expert_open``: each reply first names the open directions, then the same action as without it; the
+    env parses the action alone (same feedback, same reward); every move the expert plays that the env then
+    reports as a wall bump was left out of that turn's open list, and every other one was in it."""
+    checked_bumps = 0
+    for level, seed in (("7x7", 1), ("easy", 2), ("hard", 3), ("5x5", 4)):
+        extras = {"expert_noise": 0.3, "expert_open": True}
+        row = {"seed": seed, "extras": extras}
+        env = make_maze2d(level, extras, seed)
+        env.init()
+        texts = []
+        for text in maze2d_expert(env, row):
+            head, action = text.split("\n")
+            result = env.step(text)
+            texts.append(action)
+            word = action.removeprefix("<action>").removesuffix("</action>")
+            if word != "stop":
+                bumped = result.metadata["feedback"] == FEEDBACK_WALL
+                checked_bumps += bumped
+                assert head.startswith("open: ") and (word in head.split()[1:]) != bumped, (level, head, word)
+            if result.done:
+                break
+        assert result.reward == 1.0
+        assert texts == _play(level, seed, 0.3)[0]  # the actions of the episode without the prefix
+    assert checked_bumps >= 2
+
+
+def test_expert_open_must_be_a_bool():
+    env = make_maze2d("5x5", {}, 0)
+    env.init()
+    with pytest.raises(EnvError, match="expert_open must be true or false, got 'yes'"):
+        next(maze2d_expert(env, {"seed": 0, "extras": {"expert_open": "yes"}}))

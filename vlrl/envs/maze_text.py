@@ -171,6 +171,12 @@ def maze2d_expert(env: GymTextEnv, row: Mapping[str, Any]) -> Iterator[str]:
     (a wall bump, or a step off the path) and then recovers, so SFT sees histories with mistakes and the
     wall feedback. A detour is only taken while the turn budget still fits it, the way back and ``stop``,
     so every demonstration ends on the goal. Seeded by the row's seed: the same row, the same episode.
+
+    Row extras ``expert_open`` = true make each reply first name the open directions around the agent
+    (:func:`open_text`, e.g. ``open: up left``), then the action: an auxiliary target that supervises reading
+    the walls next to the agent, the perception the maze probes found missing (docs/maze.md, items 7 and 13).
+    The parsers read the last action, so the prefix changes nothing else; the policy learns to write it too
+    (about 8 more tokens a turn: ``rollout.max_tokens`` 20).
     """
     for text, _ in expert_turns(env, row):
         yield text
@@ -183,6 +189,9 @@ def expert_turns(env: GymTextEnv, row: Mapping[str, Any]) -> Iterator[tuple[str,
     extras = row.get("extras") or {}
     mode = str(extras.get("action_mode", "keyword"))
     noise = float(extras.get("expert_noise", 0.0))
+    say_open = extras.get("expert_open", False)
+    if not isinstance(say_open, bool):
+        raise EnvError(f"maze2d extras expert_open must be true or false, got {say_open!r}")
     rng = random.Random(f"maze2d-expert-noise/{row.get('seed')}")
     while True:
         path = shortest_path_actions(game.maze_map, game.agent, game.target)
@@ -191,9 +200,17 @@ def expert_turns(env: GymTextEnv, row: Mapping[str, Any]) -> Iterator[tuple[str,
             move = rng.choice([a for a in DELTAS if a != action])
             if len(path_after(game.maze_map, game.agent, game.target, move)) + 2 <= env.max_turns - env.turn:
                 action, detour = move, True
-        yield action_text(action, mode), detour
+        text = action_text(action, mode)
+        yield (open_text(game.maze_map, game.agent) + text if say_open else text), detour
         if action == STOP:
             return
+
+
+def open_text(maze_map, agent: tuple[int, int]) -> str:
+    """``"open: up left\n"``: the moves from ``agent`` that no wall blocks, in action order (``"open: none\n"``
+    never happens in a generated maze: every floor tile has a neighbour)."""
+    names = [ACTION_NAMES[a] for a, (dr, dc) in DELTAS.items() if maze_map[agent[0] + dr, agent[1] + dc] == 0]
+    return f"open: {' '.join(names) or 'none'}\n"
 
 
 def path_after(maze_map, agent: tuple[int, int], target: tuple[int, int], action: int) -> list[int]:
