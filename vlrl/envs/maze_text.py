@@ -207,8 +207,8 @@ def expert_turns(env: GymTextEnv, row: Mapping[str, Any]) -> Iterator[tuple[str,
 
 
 def open_text(maze_map, agent: tuple[int, int]) -> str:
-    """``"open: up left\n"``: the moves from ``agent`` that no wall blocks, in action order (``"open: none\n"``
-    never happens in a generated maze: every floor tile has a neighbour)."""
+    """``open: up left`` and a newline: the moves from ``agent`` that no wall blocks, in action order (``open:
+    none`` never happens in a generated maze: every floor tile has an open neighbour)."""
     names = [ACTION_NAMES[a] for a, (dr, dc) in DELTAS.items() if maze_map[agent[0] + dr, agent[1] + dc] == 0]
     return f"open: {' '.join(names) or 'none'}\n"
 
