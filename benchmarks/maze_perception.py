@@ -81,11 +81,12 @@ def corridor_tiles(size: int) -> list[tuple[int, int]]:
 
 def encode(processor, frames, question: str, tails: list[str] | None = None) -> dict:
     """Processor tensors for a batch of frames under one fixed prompt, each reply begun with its ``tails``
-    entry when given (all frames one size and all tails one token length: no padding)."""
+    entry when given (all frames one size; tails of different token lengths are padded on the tokenizer's
+    ``padding_side``)."""
     msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
     text = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     texts = [text + tail for tail in tails] if tails else [text] * len(frames)
-    return processor(text=texts, images=list(frames), return_tensors="pt")
+    return processor(text=texts, images=list(frames), return_tensors="pt", padding=True)
 
 
 def spoken_position(data: dict, target: str) -> list[str]:

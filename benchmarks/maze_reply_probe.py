@@ -2,7 +2,7 @@
 
     python benchmarks/maze_reply_probe.py [--arch qwen2_5_vl] [--model tiny|small] [--init normal|fan_in]
         [--level 5x5] [--tile 25] [--steps 400] [--batch 32] [--lr 1e-3] [--every 50]
-        [--out benchmarks/results/maze_reply_probe_cpu.json]
+        [--open] [--out benchmarks/results/maze_reply_probe_cpu.json]
 
 The supervised probe of ``maze_perception.py`` reads its answers through four digit rows; this one trains what the
 curriculum's SFT trains: the maze prompt (``maze_prompt``, keyword mode) with the first frame, and the expert's
@@ -11,6 +11,11 @@ reply's tokens (token mean, as ``Trainer.sft_step``), AdamW, grad-norm clip 1. E
 the direction token's cross-entropy (ln 4 = 1.386 is a uniform guess among the four moves) and held-out accuracy
 (argmax over the vocabulary at the direction's position), and the vision tower's gradient norm. Mazes: seeds
 0..255 for training, 10**6.. for held-out (a 5x5 level has 16 distinct first frames). Appends the run to ``--out``.
+
+``--open``: the reply names the open directions first (``open: up left`` and a newline, the maze expert's
+``expert_open``), teacher-forced with the rest. Then the teacher-forced direction is read with the true open list in
+its context, so every run also reports ``heldout_greedy_move_acc``: each held-out reply decoded greedily (16 tokens
+at most, the open list the model's own) and its last action parsed as the env does.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--every", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--open", action="store_true", help="the reply names the open directions first")
     ap.add_argument("--out", default="benchmarks/results/maze_reply_probe_cpu.json")
     args = ap.parse_args(argv)
 
@@ -48,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from maze_perception import encode, make_data
 
     from vlrl.envs.maze_models import start_checkpoint
-    from vlrl.envs.maze_text import LEVELS, action_text, maze_prompt
+    from vlrl.envs.maze_text import LEVELS, action_text, maze_prompt, open_text
     from vlrl.models.build import cached_model_dir
 
     from transformers import AutoModelForImageTextToText, AutoProcessor  # isort: skip (after vlrl's guard)
@@ -63,19 +69,30 @@ def main(argv: list[str] | None = None) -> int:
     size = LEVELS[args.level]["size"]
     prompt = maze_prompt(size, size, "keyword")
 
-    def encoded(seeds: range) -> tuple[dict, int]:
-        data = make_data(args.level, args.tile, seeds)
-        replies = [action_text(m, "keyword") + "<|im_end|>" for m in data["move"]]
-        return encode(processor, data["frames"], prompt, replies), len(set(f.tobytes() for f in data["frames"]))
+    processor.tokenizer.padding_side = "left"  # --open replies differ in length: every reply ends the row
 
-    (train, distinct), (held, _) = encoded(range(256)), encoded(range(10**6, 10**6 + 64))
+    def encoded(seeds: range) -> tuple[dict, int, list[int]]:
+        data = make_data(args.level, args.tile, seeds)
+        heads = [open_text(m, (r, c)) if args.open else "" for m, r, c in zip(data["maps"], data["row"], data["col"])]
+        replies = [h + action_text(m, "keyword") + "<|im_end|>" for h, m in zip(heads, data["move"], strict=True)]
+        enc = encode(processor, data["frames"], prompt, replies)
+        enc["heads"] = torch.tensor([len(processor.tokenizer.encode(h, add_special_tokens=False)) for h in heads])
+        return enc, len(set(f.tobytes() for f in data["frames"])), data["move"]
+
+    (train, distinct, _), (held, _, held_moves) = encoded(range(256)), encoded(range(10**6, 10**6 + 64))
     n_reply = len(processor.tokenizer.encode(action_text(0, "keyword") + "<|im_end|>", add_special_tokens=False))
+    n_reply += int(max(train["heads"].max(), held["heads"].max()))  # the longest reply; shorter ones' rest masked
     per_img = train["pixel_values"].shape[0] // 256
     vision = model.model.visual
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
 
+    def reply_mask(enc, idx) -> torch.Tensor:
+        """``[B, n_reply]``: 1 on each row's own reply tokens (its open list, if any, and the action's 8)."""
+        return (torch.arange(n_reply) >= n_reply - 8 - enc["heads"][idx, None]).float()
+
     def reply_ce(enc, idx) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[B, n_reply]`` cross-entropies of the reply's tokens, and the ``[B]`` argmax at the direction."""
+        """``[B, n_reply]`` cross-entropies of the reply's tokens (0 before a shorter reply's start), and the ``[B]``
+        argmax at the direction."""
         pixels = enc["pixel_values"].view(-1, per_img, enc["pixel_values"].shape[-1])[idx].flatten(0, 1)
         ids = enc["input_ids"][idx]
         out = model.model(
@@ -86,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         logits = out.last_hidden_state[:, -n_reply - 1 : -1] @ model.get_output_embeddings().weight.T
         ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, -n_reply:], reduction="none")
-        return ce, logits[:, DIRECTION].argmax(-1) == ids[:, -n_reply + DIRECTION]
+        ce = ce * reply_mask(enc, idx)
+        at = DIRECTION - 8  # the direction, counted from the end: the action's 8 tokens close every reply
+        return ce, logits[:, at].argmax(-1) == ids[:, at]
 
     gen = torch.Generator().manual_seed(0)
     curve = []
@@ -94,19 +113,21 @@ def main(argv: list[str] | None = None) -> int:
         idx = torch.randint(0, 256, (args.batch,), generator=gen)
         ce, _ = reply_ce(train, idx)
         opt.zero_grad(set_to_none=True)
-        ce.mean().backward()
+        (ce.sum() / reply_mask(train, idx).sum()).backward()  # token mean over the replies' own tokens
         vgrad = torch.sqrt(sum(p.grad.pow(2).sum() for p in vision.parameters() if p.grad is not None))
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % args.every == 0 or step == 1:
             with torch.no_grad():
                 _, right = reply_ce(held, torch.arange(64))
+                greedy = greedy_move_acc(model, processor, held, held_moves, per_img)
             point = {
                 "step": step,
-                "loss": round(float(ce.mean()), 4),
-                "direction_ce": round(float(ce[:, DIRECTION].mean()), 4),
+                "loss": round(float(ce.detach().sum() / reply_mask(train, idx).sum()), 4),
+                "direction_ce": round(float(ce.detach()[:, DIRECTION - 8].mean()), 4),
             }
             point |= {"heldout_direction_acc": round(float(right.float().mean()), 4), "vision_grad_norm": float(vgrad)}
+            point |= {"heldout_greedy_move_acc": greedy}
             curve.append(point)
             print(json.dumps(point), flush=True)
 
@@ -121,6 +142,36 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1) + "\n")
     return 0
+
+
+def greedy_move_acc(model, processor, enc: dict, moves: list[int], per_img: int, max_new: int = 16) -> float:
+    """The share of ``enc``'s rows whose greedy reply (the prompt alone, no cache: the tiny models' few tokens)
+    ends in the expert's first move, parsed as the env parses it (its last ``<action>``)."""
+    import torch
+
+    from vlrl.envs.maze_text import parse_keyword_action
+
+    lengths = (enc["input_ids"].shape[1] - enc["heads"] - 8).tolist()  # each row's prompt: left-padded, so cut
+    rows = []
+    for i, n in enumerate(lengths):  # a row at a time: the prompts end at different places once the replies go
+        ids = enc["input_ids"][i : i + 1, :n]
+        mask = enc["attention_mask"][i : i + 1, :n]
+        pixels = enc["pixel_values"].view(-1, per_img, enc["pixel_values"].shape[-1])[i]
+        new: list[int] = []
+        for _ in range(max_new):
+            out = model.model(
+                input_ids=ids, attention_mask=mask, pixel_values=pixels, image_grid_thw=enc["image_grid_thw"][i : i + 1]
+            )
+            nxt = int((out.last_hidden_state[0, -1] @ model.get_output_embeddings().weight.T).argmax())
+            if nxt == processor.tokenizer.convert_tokens_to_ids("<|im_end|>"):
+                break
+            new.append(nxt)
+            ids, mask = (
+                torch.cat([ids, torch.tensor([[nxt]])], 1),
+                torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1),
+            )
+        rows.append(parse_keyword_action(processor.tokenizer.decode(new)).action == moves[i])
+    return round(sum(rows) / len(rows), 4)
 
 
 if __name__ == "__main__":
