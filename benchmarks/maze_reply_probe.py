@@ -34,7 +34,7 @@ DIRECTION = 3
 """The direction's position in the reply's tokens: '<', 'action', '>', DIR, '</', 'action', '>', <|im_end|>."""
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="qwen2_5_vl", choices=["qwen2_5_vl", "qwen3_vl", "qwen2_vl"])
     ap.add_argument("--model", default="tiny", choices=["tiny", "small"])
@@ -48,13 +48,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--open", action="store_true", help="the reply names the open directions first")
     ap.add_argument("--out", default="benchmarks/results/maze_reply_probe_cpu.json")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
 
     import torch
-    from maze_perception import encode, make_data
 
     from vlrl.envs.maze_models import start_checkpoint
-    from vlrl.envs.maze_text import LEVELS, action_text, maze_prompt, open_text
+    from vlrl.envs.maze_text import action_text
     from vlrl.models.build import cached_model_dir
 
     from transformers import AutoModelForImageTextToText, AutoProcessor  # isort: skip (after vlrl's guard)
@@ -66,64 +69,34 @@ def main(argv: list[str] | None = None) -> int:
     path = cached_model_dir(args.arch, "tiny") if fresh else start_checkpoint(args.arch, args.model, args.init)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).train()
     processor = AutoProcessor.from_pretrained(path)
-    size = LEVELS[args.level]["size"]
-    prompt = maze_prompt(size, size, "keyword")
 
     processor.tokenizer.padding_side = "left"  # --open replies differ in length: every reply ends the row
 
-    def encoded(seeds: range) -> tuple[dict, int, list[int]]:
-        data = make_data(args.level, args.tile, seeds)
-        heads = [open_text(m, (r, c)) if args.open else "" for m, r, c in zip(data["maps"], data["row"], data["col"])]
-        replies = [h + action_text(m, "keyword") + "<|im_end|>" for h, m in zip(heads, data["move"], strict=True)]
-        enc = encode(processor, data["frames"], prompt, replies)
-        enc["heads"] = torch.tensor([len(processor.tokenizer.encode(h, add_special_tokens=False)) for h in heads])
-        return enc, len(set(f.tobytes() for f in data["frames"])), data["move"]
-
-    (train, distinct, _), (held, _, held_moves) = encoded(range(256)), encoded(range(10**6, 10**6 + 64))
+    train, distinct, _ = encode_replies(processor, args, range(256))
+    held, _, held_moves = encode_replies(processor, args, range(10**6, 10**6 + 64))
     n_reply = len(processor.tokenizer.encode(action_text(0, "keyword") + "<|im_end|>", add_special_tokens=False))
     n_reply += int(max(train["heads"].max(), held["heads"].max()))  # the longest reply; shorter ones' rest masked
     per_img = train["pixel_values"].shape[0] // 256
-    vision = model.model.visual
+    vision = model.model.visual  # its gradient norm is logged
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-
-    def reply_mask(enc, idx) -> torch.Tensor:
-        """``[B, n_reply]``: 1 on each row's own reply tokens (its open list, if any, and the action's 8)."""
-        return (torch.arange(n_reply) >= n_reply - 8 - enc["heads"][idx, None]).float()
-
-    def reply_ce(enc, idx) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[B, n_reply]`` cross-entropies of the reply's tokens (0 before a shorter reply's start), and the ``[B]``
-        argmax at the direction."""
-        pixels = enc["pixel_values"].view(-1, per_img, enc["pixel_values"].shape[-1])[idx].flatten(0, 1)
-        ids = enc["input_ids"][idx]
-        out = model.model(
-            input_ids=ids,
-            attention_mask=enc["attention_mask"][idx],
-            pixel_values=pixels,
-            image_grid_thw=enc["image_grid_thw"][idx],
-        )
-        logits = out.last_hidden_state[:, -n_reply - 1 : -1] @ model.get_output_embeddings().weight.T
-        ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, -n_reply:], reduction="none")
-        ce = ce * reply_mask(enc, idx)
-        at = DIRECTION - 8  # the direction, counted from the end: the action's 8 tokens close every reply
-        return ce, logits[:, at].argmax(-1) == ids[:, at]
 
     gen = torch.Generator().manual_seed(0)
     curve = []
     for step in range(1, args.steps + 1):
         idx = torch.randint(0, 256, (args.batch,), generator=gen)
-        ce, _ = reply_ce(train, idx)
+        ce, _ = reply_ce(model, train, idx, n_reply, per_img)
         opt.zero_grad(set_to_none=True)
-        (ce.sum() / reply_mask(train, idx).sum()).backward()  # token mean over the replies' own tokens
+        (ce.sum() / reply_mask(train, idx, n_reply).sum()).backward()  # token mean over the replies' own tokens
         vgrad = torch.sqrt(sum(p.grad.pow(2).sum() for p in vision.parameters() if p.grad is not None))
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % args.every == 0 or step == 1:
             with torch.no_grad():
-                _, right = reply_ce(held, torch.arange(64))
+                _, right = reply_ce(model, held, torch.arange(64), n_reply, per_img)
                 greedy = greedy_move_acc(model, processor, held, held_moves, per_img)
             point = {
                 "step": step,
-                "loss": round(float(ce.detach().sum() / reply_mask(train, idx).sum()), 4),
+                "loss": round(float(ce.detach().sum() / reply_mask(train, idx, n_reply).sum()), 4),
                 "direction_ce": round(float(ce.detach()[:, DIRECTION - 8].mean()), 4),
             }
             point |= {"heldout_direction_acc": round(float(right.float().mean()), 4), "vision_grad_norm": float(vgrad)}
@@ -131,17 +104,66 @@ def main(argv: list[str] | None = None) -> int:
             curve.append(point)
             print(json.dumps(point), flush=True)
 
+    save_run(args, argv, {"distinct_train_frames": distinct, "final": curve[-1], "curve": curve}, t0)
+    return 0
+
+
+def reply_mask(enc: dict, idx, n_reply: int):
+    """``[B, n_reply]``: 1 on each row's own reply tokens (its open list, if any, and the action's 8)."""
+    import torch
+
+    return (torch.arange(n_reply) >= n_reply - 8 - enc["heads"][idx, None]).float()
+
+
+def reply_ce(model, enc: dict, idx, n_reply: int, per_img: int):
+    """``[B, n_reply]`` cross-entropies of the last ``n_reply`` tokens, 0 before a shorter reply's start, and the
+    ``[B]`` argmax at the direction being right."""
+    import torch
+
+    pixels = enc["pixel_values"].view(-1, per_img, enc["pixel_values"].shape[-1])[idx].flatten(0, 1)
+    ids = enc["input_ids"][idx]
+    out = model.model(
+        input_ids=ids,
+        attention_mask=enc["attention_mask"][idx],
+        pixel_values=pixels,
+        image_grid_thw=enc["image_grid_thw"][idx],
+    )
+    logits = out.last_hidden_state[:, -n_reply - 1 : -1] @ model.get_output_embeddings().weight.T
+    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, -n_reply:], reduction="none")
+    ce = ce * reply_mask(enc, idx, n_reply)
+    at = DIRECTION - 8  # the direction, counted from the end: the action's 8 tokens close every reply
+    return ce, logits[:, at].argmax(-1) == ids[:, at]
+
+
+def encode_replies(processor, args: argparse.Namespace, seeds: range) -> tuple[dict, int, list[int]]:
+    """The mazes at ``seeds``: processor tensors of prompt, first frame and expert reply (left-padded; ``heads``
+    ``[B]``: each reply's open-list tokens, 0 without ``--open``), how many frames are distinct, the moves."""
+    import torch
+    from maze_perception import encode, make_data
+
+    from vlrl.envs.maze_text import LEVELS, action_text, maze_prompt, open_text
+
+    data = make_data(args.level, args.tile, seeds)
+    size = LEVELS[args.level]["size"]
+    heads = [open_text(m, (r, c)) if args.open else "" for m, r, c in zip(data["maps"], data["row"], data["col"])]
+    replies = [h + action_text(m, "keyword") + "<|im_end|>" for h, m in zip(heads, data["move"], strict=True)]
+    enc = encode(processor, data["frames"], maze_prompt(size, size, "keyword"), replies)
+    enc["heads"] = torch.tensor([len(processor.tokenizer.encode(h, add_special_tokens=False)) for h in heads])
+    return enc, len(set(f.tobytes() for f in data["frames"])), data["move"]
+
+
+def save_run(args: argparse.Namespace, argv: list[str] | None, fields: dict, t0: float) -> None:
+    """Append the run (its command, arguments, ``fields``, wall time and commit) to ``--out``."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     argv_text = " ".join(argv if argv is not None else sys.argv[1:])
     run = {"command": f"python benchmarks/maze_reply_probe.py {argv_text}".strip(), **vars(args)}
-    run |= {"distinct_train_frames": distinct, "final": curve[-1], "curve": curve, "wall_s": round(time.time() - t0, 1)}
+    run |= fields | {"wall_s": round(time.time() - t0, 1)}
     run["commit"] = commit
     out = Path(args.out)
     data = json.loads(out.read_text()) if out.exists() else {"what": __doc__.strip().splitlines()[0], "runs": []}
     data["runs"].append(run)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1) + "\n")
-    return 0
 
 
 def greedy_move_acc(model, processor, enc: dict, moves: list[int], per_img: int, max_new: int = 16) -> float:
