@@ -95,9 +95,9 @@ def trajectories(args, model_dir: Path, n: int) -> list:
     return gen.run(rows, script=expert_for("maze2d"))
 
 
-def build(args, d, dtype: torch.dtype):
+def build(args, d, dtype: torch.dtype, reduce_dtype: torch.dtype | None = None):
     """This rank's model (sharded under torchrun: fp32 masters rounded to ``dtype``, as the plain run's start)
-    and its trainer; the checkpoint's directory."""
+    and its trainer; the checkpoint's directory. ``reduce_dtype``: FSDP2's (None: ``shard_model``'s default)."""
     from vlrl.algos.config import AlgoConfig
     from vlrl.models.build import cached_model_dir
     from vlrl.models.load import load_model
@@ -110,8 +110,7 @@ def build(args, d, dtype: torch.dtype):
     model = load_model(model_dir, dtype=torch.float32 if d.sharded else dtype, device=d.device)
     if d.sharded:
         fraction = GROUP_FRACTION if args.group_fraction is None else args.group_fraction
-        reduce = getattr(args, "reduce_dtype", None)  # fsdp_vs_plain's fsdp_fp32_reduce side; else the default
-        shard_model(round_masters_(model, dtype), d, dtype, fraction, getattr(torch, reduce) if reduce else None)
+        shard_model(round_masters_(model, dtype), d, dtype, fraction, reduce_dtype)
     model.train()
     trainer = Trainer(model, AlgoConfig(), OptimSection(micro_batch_size=args.micro_batch), lr=1e-5)
     return model, trainer, model_dir

@@ -106,8 +106,8 @@ def build_side(args, name: str, d, dtype: torch.dtype) -> tuple:
     if name == "plain":
         single = D.Dist.single(d.device)
         return (*ft.build(args, single, dtype)[:2], single)
-    reduce = "float32" if name == "fsdp_fp32_reduce" else None
-    return (*ft.build(argparse.Namespace(**vars(args), reduce_dtype=reduce), d, dtype)[:2], d)
+    reduce = torch.float32 if name == "fsdp_fp32_reduce" else None
+    return (*ft.build(args, d, dtype, reduce)[:2], d)
 
 
 def reduce_dtype(side: str, d, dtype: torch.dtype) -> str | None:
