@@ -43,6 +43,7 @@ def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
         sft_builders=args.sft_builders,
         sft_warmup=args.sft_warmup,
         first_turns=float(rest[1]) if len(rest) > 1 else args.first_turns,
+        first_start=args.first_start,
         sft_until=args.sft_until,
         probe_seconds=args.probe_seconds,
     )
@@ -77,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--sft-warmup", type=float, default=0.0, help="seconds of linear SFT lr warm-up from 0")
     ap.add_argument("--first-turns", type=float, default=0.0, help="seconds of SFT on the first turns alone first")
+    ap.add_argument(
+        "--first-start", choices=["corner", "random"], default="corner", help="where those first turns start"
+    )
     ap.add_argument("--sft-until", type=float, default=0.0, help="end SFT once probe success reaches this fraction")
     ap.add_argument("--probe-seconds", type=float, default=10.0, help="seconds between those probes")
     ap.add_argument("--eval-every", type=int, default=0, help="also evaluate every N RL steps")

@@ -45,8 +45,8 @@ NEIGHBOURS = ("right", "up", "left", "down")  # action order (maze2d.DELTAS)
 QUESTION = "Where is the blue circle (row, column), and which way is the first move to the red square?"
 
 
-def make_data(level: str, tile: int, seeds: range) -> dict:
-    """Frames and labels of the mazes at ``seeds``."""
+def make_data(level: str, tile: int, seeds: range, start: str = "corner") -> dict:
+    """Frames and labels of the mazes at ``seeds`` (the agent at a corner, or on a ``random`` floor tile)."""
     import numpy as np
 
     from vlrl.envs.maze2d import DELTAS
@@ -57,7 +57,7 @@ def make_data(level: str, tile: int, seeds: range) -> dict:
     nb: dict[str, list[int]] = {name: [] for name in NEIGHBOURS}
     maps = []
     for seed in seeds:
-        env = make_maze2d(level, {"tile": tile}, seed)
+        env = make_maze2d(level, {"tile": tile, "start": start}, seed)
         frame, _ = env.gym_env.reset(seed=seed)
         game = env.gym_env.unwrapped
         frames.append(np.asarray(frame))

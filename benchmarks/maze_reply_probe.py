@@ -2,7 +2,7 @@
 
     python benchmarks/maze_reply_probe.py [--arch qwen2_5_vl] [--model tiny|small] [--init normal|fan_in]
         [--level 5x5] [--tile 25] [--steps 400] [--batch 32] [--lr 1e-3] [--every 50]
-        [--open] [--out benchmarks/results/maze_reply_probe_cpu.json]
+        [--open] [--start corner|random] [--out benchmarks/results/maze_reply_probe_cpu.json]
 
 The supervised probe of ``maze_perception.py`` reads its answers through four digit rows; this one trains what the
 curriculum's SFT trains: the maze prompt (``maze_prompt``, keyword mode) with the first frame, and the expert's
@@ -16,6 +16,10 @@ the direction token's cross-entropy (ln 4 = 1.386 is a uniform guess among the f
 ``expert_open``), teacher-forced with the rest. Then the teacher-forced direction is read with the true open list in
 its context, so every run also reports ``heldout_greedy_move_acc``: each held-out reply decoded greedily (16 tokens
 at most, the open list the model's own) and its last action parsed as the env does.
+
+``--start random``: the training frames put the agent on a random floor tile of each maze (maze2d's ``start``), the
+held-out ones stay at the corners (the numbers above); ``heldout_random_direction_acc`` is the teacher-forced
+direction on 64 held-out mazes from random spots.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--every", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--open", action="store_true", help="the reply names the open directions first")
+    ap.add_argument("--start", choices=["corner", "random"], default="corner", help="where the training frames start")
     ap.add_argument("--out", default="benchmarks/results/maze_reply_probe_cpu.json")
     return ap.parse_args(argv)
 
@@ -72,10 +77,11 @@ def main(argv: list[str] | None = None) -> int:
 
     processor.tokenizer.padding_side = "left"  # --open replies differ in length: every reply ends the row
 
-    train, distinct, _ = encode_replies(processor, args, range(256))
+    train, distinct, _ = encode_replies(processor, args, range(256), args.start)
     held, _, held_moves = encode_replies(processor, args, range(10**6, 10**6 + 64))
+    spots, _, _ = encode_replies(processor, args, range(10**6, 10**6 + 64), "random")
     n_reply = len(processor.tokenizer.encode(action_text(0, "keyword") + "<|im_end|>", add_special_tokens=False))
-    n_reply += int(max(train["heads"].max(), held["heads"].max()))  # the longest reply; shorter ones' rest masked
+    n_reply += int(max(enc["heads"].max() for enc in (train, held, spots)))  # the longest; shorter ones' rest masked
     per_img = train["pixel_values"].shape[0] // 256
     vision = model.model.visual  # its gradient norm is logged
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
@@ -93,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         if step % args.every == 0 or step == 1:
             with torch.no_grad():
                 _, right = reply_ce(model, held, torch.arange(64), n_reply, per_img)
+                _, right_spots = reply_ce(model, spots, torch.arange(64), n_reply, per_img)
                 greedy = greedy_move_acc(model, processor, held, held_moves, per_img)
             point = {
                 "step": step,
@@ -101,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             point |= {"heldout_direction_acc": round(float(right.float().mean()), 4), "vision_grad_norm": float(vgrad)}
             point |= {"heldout_greedy_move_acc": greedy}
+            point |= {"heldout_random_direction_acc": round(float(right_spots.float().mean()), 4)}
             curve.append(point)
             print(json.dumps(point), flush=True)
 
@@ -135,15 +143,17 @@ def reply_ce(model, enc: dict, idx, n_reply: int, per_img: int):
     return ce, logits[:, at].argmax(-1) == ids[:, at]
 
 
-def encode_replies(processor, args: argparse.Namespace, seeds: range) -> tuple[dict, int, list[int]]:
-    """The mazes at ``seeds``: processor tensors of prompt, first frame and expert reply (left-padded; ``heads``
-    ``[B]``: each reply's open-list tokens, 0 without ``--open``), how many frames are distinct, the moves."""
+def encode_replies(
+    processor, args: argparse.Namespace, seeds: range, start: str = "corner"
+) -> tuple[dict, int, list[int]]:
+    """The mazes at ``seeds`` from ``start``: processor tensors of prompt, first frame and expert reply (left-padded;
+    ``heads`` ``[B]``: each reply's open-list tokens, 0 without ``--open``), how many frames are distinct, the moves."""
     import torch
     from maze_perception import encode, make_data
 
     from vlrl.envs.maze_text import LEVELS, action_text, maze_prompt, open_text
 
-    data = make_data(args.level, args.tile, seeds)
+    data = make_data(args.level, args.tile, seeds, start)
     size = LEVELS[args.level]["size"]
     heads = [open_text(m, (r, c)) if args.open else "" for m, r, c in zip(data["maps"], data["row"], data["col"])]
     replies = [h + action_text(m, "keyword") + "<|im_end|>" for h, m in zip(heads, data["move"], strict=True)]

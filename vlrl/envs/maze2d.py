@@ -14,12 +14,15 @@ Only ``stop`` ends the episode, with reward 1.0 iff the agent is on the goal. Th
 
 Deliberate departures from the reference's quirks: ``reset`` always renders the new maze, and the
 frame is redrawn from state each time (leaving the goal never leaves a white dot on it).
+
+``start="random"`` (not VisGym's; for SFT data, never for evaluation) puts the agent on a floor tile drawn
+uniformly from all but the goal, after the same draws as a corner start: the same seed, the same maze and goal.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -33,6 +36,7 @@ AGENT = (0, 0, 255)
 AGENT_RADIUS = 6.25
 
 STOP = 4
+Start = Literal["corner", "random"]
 DELTAS = {0: (0, 1), 1: (-1, 0), 2: (0, -1), 3: (1, 0)}  # action -> (d_row, d_col)
 ACTION_NAMES = {0: "right", 1: "up", 2: "left", 3: "down", STOP: "stop"}
 
@@ -128,13 +132,20 @@ class Maze2DEnv(gym.Env):
     metadata = {"render_modes": ["rgb_array", "ansi"], "render_fps": 4}
 
     def __init__(
-        self, maze_width: int = 11, maze_height: int = 11, render_mode: str | None = "rgb_array", tile: int = TILE
+        self,
+        maze_width: int = 11,
+        maze_height: int = 11,
+        render_mode: str | None = "rgb_array",
+        tile: int = TILE,
+        start: Start = "corner",
     ):
         if maze_width % 2 == 0 or maze_height % 2 == 0 or min(maze_width, maze_height) < 5:
             raise ValueError(f"maze sizes must be odd and >= 5, got {maze_height}x{maze_width}")
         if isinstance(tile, bool) or not isinstance(tile, int) or tile < 4:
             raise ValueError(f"maze tile must be an int of at least 4 px, got {tile!r}")
-        self.width, self.height, self.tile = int(maze_width), int(maze_height), tile
+        if start not in ("corner", "random"):
+            raise ValueError(f"maze start must be 'corner' or 'random', got {start!r}")
+        self.width, self.height, self.tile, self.start = int(maze_width), int(maze_height), tile, start
         self.render_mode = render_mode
         self.action_space = spaces.Discrete(5)
         self.observation_space = spaces.Box(0, 255, (self.height * tile, self.width * tile, 3), np.uint8)
@@ -157,6 +168,9 @@ class Maze2DEnv(gym.Env):
             walk_rng = random.Random(int(self.np_random.integers(2**32)))
             self.maze_map = generate_maze(self.height, self.width, walk_rng)
             self.agent, self.target = corner_pair(self.height, self.width, int(self.np_random.integers(0, 4)))
+            if self.start == "random":
+                floor = [(int(r), int(c)) for r, c in np.argwhere(self.maze_map == 0) if (r, c) != self.target]
+                self.agent = floor[int(self.np_random.integers(0, len(floor)))]
         self._background = render_background(self.maze_map, self.target, self.tile)  # static per maze: drawn once
         return self._obs(), self._info(FEEDBACK_OK)
 

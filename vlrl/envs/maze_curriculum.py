@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from vlrl.envs.maze2d import Start
     from vlrl.envs.maze_models import CurriculumModel
     from vlrl.envs.maze_sft_pool import PoolFill
     from vlrl.models.build import InitScheme
@@ -77,6 +78,9 @@ class LevelPlan:
     """Seconds of SFT on the expert's first turns alone (each row cut to one turn: the first move) before whole
     episodes: a first move is decided by the image alone, where in a whole episode the later moves follow from the
     history and outweigh it in the loss."""
+    first_start: Start = "corner"
+    """Where the first-turn rows put the agent: the level's corners (VisGym's starts) or ``random`` floor tiles, so
+    each first move is read from a different spot among the walls, as every later turn of an episode must be."""
     sft_until: float = 0.0
     """End SFT early once greedy success on ``probe_rows`` training mazes reaches this fraction (probed at most
     every ``probe_seconds`` once whole episodes train; 0: the budget runs out). A policy that solves some mazes,
@@ -218,7 +222,13 @@ def sft_phase(run, deadline: float, plan: LevelPlan) -> tuple[int, int]:
     trainer = Trainer(run.model, cfg.algo, optim)  # lr=None: per-group rates from optim.lr_scale (own clock)
     base = [g["lr"] for g in trainer.optimizer.param_groups]
     pool = SftPool(
-        run, plan.sft_pool, masked=plan.mask_detours, fill=plan.sft_fill, deadline=deadline, builders=plan.sft_builders
+        run,
+        plan.sft_pool,
+        masked=plan.mask_detours,
+        fill=plan.sft_fill,
+        deadline=deadline,
+        builders=plan.sft_builders,
+        first_start=plan.first_start,
     )
     probe = run.next_rows(plan.probe_rows) if plan.sft_until else []
     k, last, t0, probed = 0, 0.0, time.time(), time.time()
@@ -255,10 +265,11 @@ def probe_success(run, rows, step: int) -> float:
     return success
 
 
-def first_turn_row(row):
+def first_turn_row(row, start: Start = "corner"):
     """``row`` (an ``EnvRow``) cut to its first turn (``max_turns`` 1): the expert plays the shortest path's first
-    move (a one-turn budget leaves no room for a detour and the way back)."""
-    return dataclasses.replace(row, extras={**row.extras, "max_turns": 1})
+    move (a one-turn budget leaves no room for a detour and the way back), from the maze's ``start``."""
+    extras = {**row.extras, "max_turns": 1} | ({"start": start} if start != "corner" else {})
+    return dataclasses.replace(row, extras=extras)
 
 
 def rl_phase(run, plan: LevelPlan, deadline: float, evals: list[EvalResult], eval_seconds: float) -> int:
@@ -360,6 +371,7 @@ def _plan_row(plan: LevelPlan, model) -> dict[str, Any]:
         "model": plan.model,
         "init": plan.init,
         "first_turns": plan.first_turns,
+        "first_start": plan.first_start,
         "n_params": sum(p.numel() for p in model.parameters()),
         "sft_lr_scale": dict(plan.sft_lr_scale),
         "mask_detours": plan.mask_detours,

@@ -26,10 +26,14 @@ deadline, so the phase never waits long on one at its end.
 
 from __future__ import annotations
 
+import functools
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from vlrl.envs.maze2d import Start
 
 PoolFill = Literal["first", "background", "processes"]
 
@@ -46,6 +50,7 @@ class SftPool:
         fill: PoolFill = "first",
         deadline: float = float("inf"),
         builders: int = 0,
+        first_start: Start = "corner",
     ):
         from vlrl.envs.maze_curriculum import first_turn_row
         from vlrl.envs.maze_sft_farm import ExpertFarm, default_workers
@@ -53,7 +58,7 @@ class SftPool:
         if fill != "first" and run.dist.sharded:
             raise ValueError(f"sft pool fill {fill!r} needs a single-process run (rollouts broadcast across ranks)")
         self.run, self.size, self.masked, self.fill, self.deadline = run, max(1, size), masked, fill, deadline
-        self._cut = first_turn_row
+        self._cut = functools.partial(first_turn_row, start=first_start)
         self.kept: dict[bool, list] = {True: [], False: []}
         self.built = {True: 0, False: 0}  # batches built per kind (the pool keeps the last ``size``)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="vlrl-sft-pool") if fill == "background" else None

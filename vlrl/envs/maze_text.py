@@ -137,7 +137,8 @@ def action_text(action: int, mode: str) -> str:
 
 def make_maze2d(level: str, extras: Mapping[str, Any], seed: int | None) -> GymTextEnv:
     """``maze2d/<level>``. extras: ``action_mode`` ("keyword" | "tuple"), ``max_turns`` (default per level),
-    ``tile`` (px per maze tile, VisGym's 25 by default; see :mod:`vlrl.envs.maze2d`)."""
+    ``tile`` (px per maze tile, VisGym's 25 by default), ``start`` ("corner", VisGym's, or "random": any floor
+    tile, for SFT data; see :mod:`vlrl.envs.maze2d`)."""
     if level not in LEVELS:
         raise EnvError(f"unknown maze2d level {level!r}; expected one of {sorted(LEVELS)}")
     mode = str(extras.get("action_mode", "keyword"))
@@ -148,11 +149,14 @@ def make_maze2d(level: str, extras: Mapping[str, Any], seed: int | None) -> GymT
     tile = extras.get("tile", 25)
     if isinstance(tile, bool) or not isinstance(tile, int) or tile < 4:
         raise EnvError(f"maze2d extras tile must be an int of at least 4 (px per tile), got {tile!r}")
+    start = extras.get("start", "corner")
+    if start not in ("corner", "random"):
+        raise EnvError(f"maze2d extras start must be 'corner' or 'random', got {start!r}")
     parser = parse_tuple_action if mode == "tuple" else parse_keyword_action
     # The class directly rather than gymnasium.make: no passive-checker overhead per step; the same
     # class is registered with gymnasium (vlrl/Maze2D-v0) for anyone who wants it from there.
     return GymTextEnv(
-        Maze2DEnv(maze_width=size, maze_height=size, tile=tile),
+        Maze2DEnv(maze_width=size, maze_height=size, tile=tile, start=start),
         parser=parser,
         prompt=maze_prompt(size, size, mode),
         max_turns=max_turns,
