@@ -37,6 +37,7 @@ def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
         model=args.model,
         init=args.init,
         image_side=args.image_side,
+        image_stats=args.image_stats,
         mask_detours=args.mask_detours,
         sft_pool=int(rest[0]) if rest else LevelPlan.sft_pool,
         sft_fill=args.sft_fill,
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--first-start", choices=["corner", "random"], default="corner", help="where those first turns start"
     )
+    ap.add_argument("--image-stats", choices=["model", "maze"], default="model", help="that model's pixel stats")
     ap.add_argument("--sft-until", type=float, default=0.0, help="end SFT once probe success reaches this fraction")
     ap.add_argument("--probe-seconds", type=float, default=10.0, help="seconds between those probes")
     ap.add_argument("--eval-every", type=int, default=0, help="also evaluate every N RL steps")

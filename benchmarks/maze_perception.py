@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         "--say-position", action="store_true", help="the reply starts with the agent's row, col (teacher-forced)"
     )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--image-stats", choices=["model", "maze"], default="model", help="the processor's pixel stats")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results/maze_perception_cpu.json")
     ap.add_argument("--name", default=None)
@@ -138,14 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     t0 = time.time()
     tile = args.tile or 2 * patch_size(args.arch)
-    if args.model == "tiny" and args.init == "normal":
+    if args.model == "tiny" and args.init == "normal" and args.image_stats == "model":
         from vlrl.models.build import cached_model_dir
 
         path = cached_model_dir(args.arch, "tiny")
     else:
         from vlrl.envs.maze_models import start_checkpoint
 
-        path = start_checkpoint(args.arch, args.model, args.init)
+        path = start_checkpoint(args.arch, args.model, args.init, image_stats=args.image_stats)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).train()
     processor = AutoProcessor.from_pretrained(path)
     tok = processor.tokenizer

@@ -2,7 +2,7 @@
 
     python benchmarks/maze_reply_probe.py [--arch qwen2_5_vl] [--model tiny|small] [--init normal|fan_in]
         [--level 5x5] [--tile 25] [--steps 400] [--batch 32] [--lr 1e-3] [--every 50]
-        [--open] [--start corner|random] [--out benchmarks/results/maze_reply_probe_cpu.json]
+        [--open] [--start corner|random] [--image-stats model|maze] [--out benchmarks/results/maze_reply_probe_cpu.json]
 
 The supervised probe of ``maze_perception.py`` reads its answers through four digit rows; this one trains what the
 curriculum's SFT trains: the maze prompt (``maze_prompt``, keyword mode) with the first frame, and the expert's
@@ -52,6 +52,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--open", action="store_true", help="the reply names the open directions first")
     ap.add_argument("--start", choices=["corner", "random"], default="corner", help="where the training frames start")
+    ap.add_argument("--image-stats", choices=["model", "maze"], default="model", help="the processor's pixel stats")
     ap.add_argument("--out", default="benchmarks/results/maze_reply_probe_cpu.json")
     return ap.parse_args(argv)
 
@@ -70,8 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     t0 = time.time()
-    fresh = args.model == "tiny" and args.init == "normal"
-    path = cached_model_dir(args.arch, "tiny") if fresh else start_checkpoint(args.arch, args.model, args.init)
+    fresh = args.model == "tiny" and args.init == "normal" and args.image_stats == "model"
+    path = (
+        cached_model_dir(args.arch, "tiny")
+        if fresh
+        else start_checkpoint(args.arch, args.model, args.init, image_stats=args.image_stats)
+    )
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).train()
     processor = AutoProcessor.from_pretrained(path)
 

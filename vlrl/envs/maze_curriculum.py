@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from vlrl.envs.maze2d import Start
-    from vlrl.envs.maze_models import CurriculumModel
+    from vlrl.envs.maze_models import CurriculumModel, ImageStats
     from vlrl.envs.maze_sft_pool import PoolFill
     from vlrl.models.build import InitScheme
 
@@ -69,6 +69,9 @@ class LevelPlan:
     image_side: int | None = None
     """That random-init model's largest frame side in px, kept unresized
     (:func:`vlrl.envs.maze_models.start_checkpoint`; None: tiny's 224 px)."""
+    image_stats: ImageStats = "model"
+    """That random-init model's pixel normalisation: the architecture's constants or the maze frames' own
+    (:data:`vlrl.envs.maze_models.MAZE_IMAGE_STATS`: walls and floor then differ in sign, not only in scale)."""
     eval_before: bool = False
     """Evaluate the starting weights too (0 % at random init: skipped to save the budget)."""
     sft_warmup: float = 0.0
@@ -143,18 +146,9 @@ def level_config(plan: LevelPlan, out: str | Path, model_path: str | Path | None
     """The level's TrainConfig: the ``maze_curriculum`` recipe, its env, the plan's overrides."""
     from vlrl.train.config import load_config
 
-    extra = [f"model.path={model_path}"] if model_path else []
-    return load_config(
-        "maze_curriculum",
-        [
-            f"data.env=maze2d/{plan.level}",
-            f"name=maze_{plan.level}",
-            *plan.overrides,
-            *extra,
-            f"run.out={out}",
-            "run.progress=False",
-        ],
-    )
+    sets = [f"data.env=maze2d/{plan.level}", f"name=maze_{plan.level}", *plan.overrides]
+    sets += [f"model.path={model_path}"] if model_path else []
+    return load_config("maze_curriculum", [*sets, f"run.out={out}", "run.progress=False"])
 
 
 def greedy_rollouts(run, rows) -> list:
@@ -305,8 +299,11 @@ def start_weights(plan: LevelPlan, out: str | Path, model_path: str | Path | Non
     sizes' init."""
     from vlrl.envs.maze_models import start_checkpoint
 
-    if model_path is None and ((plan.model, plan.init) != ("tiny", "normal") or plan.image_side):
-        return start_checkpoint(level_config(plan, out).model.arch, plan.model, plan.init, image_side=plan.image_side)
+    if model_path is None and (
+        (plan.model, plan.init, plan.image_stats) != ("tiny", "normal", "model") or plan.image_side
+    ):
+        arch = level_config(plan, out).model.arch
+        return start_checkpoint(arch, plan.model, plan.init, image_side=plan.image_side, image_stats=plan.image_stats)
     return model_path
 
 
@@ -372,6 +369,7 @@ def _plan_row(plan: LevelPlan, model) -> dict[str, Any]:
         "init": plan.init,
         "first_turns": plan.first_turns,
         "first_start": plan.first_start,
+        "image_stats": plan.image_stats,
         "n_params": sum(p.numel() for p in model.parameters()),
         "sft_lr_scale": dict(plan.sft_lr_scale),
         "mask_detours": plan.mask_detours,

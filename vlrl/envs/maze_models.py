@@ -40,12 +40,24 @@ whole frame: a 140 px frame (5x5 at 28 px tiles, 5 x 5 merged tokens) would othe
 and transformers runs SDPA once per window outside flash attention (4x the kernel launches per image)."""
 
 
+ImageStats = Literal["model", "maze"]
+
+MAZE_IMAGE_STATS = ((0.78, 0.76, 0.76), (0.17, 0.19, 0.19))
+"""Per-channel mean and std of maze frames (64 per level: 5x5 0.75/0.71/0.72 ± 0.16/0.21/0.21 … hard
+0.80/0.79/0.79 ± 0.17/0.18/0.18), for ``image_stats="maze"``. With the CLIP constants of Qwen2.5-VL's processor a
+uniform wall patch (169 gray) and a floor patch (white) normalise to vectors at cosine 0.996, and Qwen3-VL's 0.5 / 0.5
+makes them exactly parallel, so after the bias-free patch embedding (Qwen2.5-VL) and the vision blocks' RMSNorm the
+two look alike; with these statistics they point opposite ways (cosine -0.98), as a from-scratch model's dataset
+normalisation would have them."""
+
+
 def start_checkpoint(
     arch: str = "qwen2_5_vl",
     model: CurriculumModel = "small",
     init: InitScheme = "normal",
     seed: int = 0,
     image_side: int | None = None,
+    image_stats: ImageStats = "model",
 ) -> Path:
     """The random-init ``model`` (``tiny`` or :data:`SMALL`, with tiny's tokenizer and image processor) drawn by
     the ``init`` scheme (:data:`vlrl.models.build.InitScheme`), built once into the vlrl cache the way
@@ -54,7 +66,11 @@ def start_checkpoint(
     ``image_side``: the processor keeps frames up to that many px a side at their size (tiny's processor resizes
     anything over 224 x 224 down to that area). With ``data.extras.tile`` equal to the merged vision token (28 px
     for Qwen2.5-VL, 32 for Qwen3-VL) and a side that fits the level, every tile is exactly one token: easy's
-    9 x 9 tiles at 25 px were resized to 224 px, 7 x 7 Qwen3-VL tokens. The weights do not depend on it."""
+    9 x 9 tiles at 25 px were resized to 224 px, 7 x 7 Qwen3-VL tokens. The weights do not depend on it.
+
+    ``image_stats``: the processor normalises pixels with the architecture's constants (``model``) or with the maze
+    frames' own statistics (``maze``, :data:`MAZE_IMAGE_STATS`); the renderer, and so every engine and the trainer,
+    read them from the checkpoint's processor config."""
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText, GenerationConfig
 
@@ -64,8 +80,10 @@ def start_checkpoint(
 
     if model not in ("tiny", "small"):
         raise ValueError(f"unknown curriculum model {model!r}; expected 'tiny' or 'small'")
+    if image_stats not in ("model", "maze"):
+        raise ValueError(f"image_stats must be 'model' or 'maze', got {image_stats!r}")
     name = f"{arch}-maze_{model}" + (f"-w{SMALL_WINDOW}" if model == "small" else "")
-    name += f"-px{image_side}" if image_side else ""
+    name += (f"-px{image_side}" if image_side else "") + ("-mazenorm" if image_stats == "maze" else "")
     path = default_cache_root() / "models" / (name + ("-fan_in" if init == "fan_in" else "") + f"-seed{seed}")
     if (path / "vlrl_model.json").exists():
         return path
@@ -83,13 +101,19 @@ def start_checkpoint(
     )
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")  # written aside, then renamed: never half-built
     net.save_pretrained(tmp)
-    build_processor(arch, "tiny", image_side).save_pretrained(tmp)
+    processor = build_processor(arch, "tiny", image_side)
+    if image_stats == "maze":
+        for proc in (processor.image_processor, processor.video_processor):
+            proc.image_mean, proc.image_std = (list(v) for v in MAZE_IMAGE_STATS)
+    processor.save_pretrained(tmp)
     n_params = sum(p.numel() for p in net.parameters())
     manifest = {"arch": arch, "size": f"maze_{model}", "init": init, "seed": seed, "n_params": n_params}
     if model == "small":
         manifest["window"] = SMALL_WINDOW
     if image_side:
         manifest["image_side"] = image_side
+    if image_stats == "maze":
+        manifest["image_stats"] = image_stats
     manifest["builder"] = __name__
     (tmp / "vlrl_model.json").write_text(json.dumps(manifest) + "\n")
     if (path / "vlrl_model.json").exists():  # another process built it meanwhile
