@@ -2,7 +2,7 @@
 # Several maze-curriculum variants at once on the GPU host (benchmarks/maze_curriculum.py, one process each:
 # the tiny models leave the GPU mostly idle and each process renders on its own cores). Small result files
 # of every variant tarred under $OUT. Usage (device tool, carry [".whl"]):
-#   [SET=open|align|reuse|grpo5|lr7|grpo7|grpo|fan_in|tile|next|first] [PLAN=level:sft_s:rl_s:pool] LIMIT=565 bash benchmarks/device/maze_variants.sh
+#   [SET=stats|open|align|reuse|grpo5|lr7|grpo7|grpo|fan_in|tile|next|first] [PLAN=level:sft_s:rl_s:pool] LIMIT=565 bash benchmarks/device/maze_variants.sh
 # SET=first with PLAN=5x5:230:150:48 LIMIT=440 made benchmarks/results/maze_curriculum_h100/variants_5x5
 # (sft.rows_per_step=32, micro_batch_size=16 then); SET=tile (the default) with PLAN=5x5:390:120:12 LIMIT=565
 # made benchmarks/results/maze_curriculum_h100/tile_5x5 (at b420c5d, where the recipe drew 28 px tiles).
@@ -33,6 +33,11 @@ elif [ "${SET}" = reuse ]; then  # easy on fresh mazes against the same mazes ag
 --set data.train_rows=200000 --set data.eval_rows=100 --mask-detours --sft-fill processes \
 --plan 5x5:90:0:12:45 --plan easy:${EASY:-380}:0:8:20"
   V=([fresh]="$common --sft-builders 6" [reuse]="$common --sft-builders 1")
+elif [ "${SET}" = stats ]; then  # (not yet run) the maze frames' own pixel statistics (--image-stats maze,
+  # docs/maze.md item 16) against the architecture's CLIP constants: 5x5 -> 7x7 as chain_v7, the same weights, two at once
+  common="--model small --init fan_in --sft-warmup 10 --set sft.lr=1e-3 --mask-detours --set data.eval_rows=100 \
+--plan 5x5:${FIVE:-110}:0:12:50 --plan 7x7:${SEVEN:-300}:0:12:20"
+  V=([maze]="$common --image-stats maze" [model]="$common")
 elif [ "${SET}" = open ]; then  # (not yet run) the expert's replies name the open directions first (extras
   # expert_open, docs/maze.md item 13) against plain replies: 5x5 -> 7x7 as chain_v3 (81 % at 7x7 alone), two at once
   common="--model small --init fan_in --sft-warmup 10 --set sft.lr=1e-3 --mask-detours --set data.eval_rows=100 \

@@ -31,7 +31,7 @@ class Bar:
 
 
 def fan_in_first_turns(level: str, sft_seconds: float, rl_seconds: float, sft_pool: int) -> LevelPlan:
-    """The plan the CPU runs point to (docs/maze.md, item 8): the tiny model drawn with the fan-in
+    """The plan the CPU runs point to (docs/maze-early.md, item 8): the tiny model drawn with the fan-in
     init, 100 s of SFT on first turns alone, then whole episodes with the detours masked; GRPO at lr 1e-4."""
     return LevelPlan(
         level,

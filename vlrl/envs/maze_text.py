@@ -178,7 +178,7 @@ def maze2d_expert(env: GymTextEnv, row: Mapping[str, Any]) -> Iterator[str]:
 
     Row extras ``expert_open`` = true make each reply first name the open directions around the agent
     (:func:`open_text`, e.g. ``open: up left``), then the action: an auxiliary target that supervises reading
-    the walls next to the agent, the perception the maze probes found missing (docs/maze.md, items 7 and 13).
+    the walls next to the agent, the perception the maze probes found missing (docs/maze-early.md item 7, maze.md 13).
     The parsers read the last action, so the prefix changes nothing else; the policy learns to write it too
     (about 8 more tokens a turn: ``rollout.max_tokens`` 20).
     """
