@@ -71,6 +71,18 @@ def make_data(level: str, tile: int, seeds: range, start: str = "corner") -> dic
     return {"frames": frames, "row": row, "col": col, "move": move, "goal": goal, "maps": maps, **nb}
 
 
+def probe_model_dir(args: argparse.Namespace):
+    """The probes' random-init checkpoint (both probe scripts): vlrl's named ``tiny`` size, else
+    :func:`vlrl.envs.maze_models.start_checkpoint`'s for ``args.model``, ``args.init`` and ``args.image_stats``."""
+    if args.model == "tiny" and args.init == "normal" and args.image_stats == "model":
+        from vlrl.models.build import cached_model_dir
+
+        return cached_model_dir(args.arch, "tiny")
+    from vlrl.envs.maze_models import start_checkpoint
+
+    return start_checkpoint(args.arch, args.model, args.init, image_stats=args.image_stats)
+
+
 def corridor_tiles(size: int) -> list[tuple[int, int]]:
     """The tiles whose wall state differs between mazes of one size: those joining two adjacent cells
     (odd row, even col or even row, odd col, inside the outer ring). Cells (odd, odd) are always floor,
@@ -139,14 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     t0 = time.time()
     tile = args.tile or 2 * patch_size(args.arch)
-    if args.model == "tiny" and args.init == "normal" and args.image_stats == "model":
-        from vlrl.models.build import cached_model_dir
-
-        path = cached_model_dir(args.arch, "tiny")
-    else:
-        from vlrl.envs.maze_models import start_checkpoint
-
-        path = start_checkpoint(args.arch, args.model, args.init, image_stats=args.image_stats)
+    path = probe_model_dir(args)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).train()
     processor = AutoProcessor.from_pretrained(path)
     tok = processor.tokenizer

@@ -61,22 +61,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
     import torch
+    from maze_perception import probe_model_dir
 
-    from vlrl.envs.maze_models import start_checkpoint
     from vlrl.envs.maze_text import action_text
-    from vlrl.models.build import cached_model_dir
 
     from transformers import AutoModelForImageTextToText, AutoProcessor  # isort: skip (after vlrl's guard)
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     t0 = time.time()
-    fresh = args.model == "tiny" and args.init == "normal" and args.image_stats == "model"
-    path = (
-        cached_model_dir(args.arch, "tiny")
-        if fresh
-        else start_checkpoint(args.arch, args.model, args.init, image_stats=args.image_stats)
-    )
+    path = probe_model_dir(args)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).train()
     processor = AutoProcessor.from_pretrained(path)
 

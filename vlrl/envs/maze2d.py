@@ -22,7 +22,7 @@ uniformly from all but the goal, after the same draws as a corner start: the sam
 from __future__ import annotations
 
 import random
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import gymnasium as gym
 import numpy as np
@@ -143,7 +143,7 @@ class Maze2DEnv(gym.Env):
             raise ValueError(f"maze sizes must be odd and >= 5, got {maze_height}x{maze_width}")
         if isinstance(tile, bool) or not isinstance(tile, int) or tile < 4:
             raise ValueError(f"maze tile must be an int of at least 4 px, got {tile!r}")
-        if start not in ("corner", "random"):
+        if start not in get_args(Start):
             raise ValueError(f"maze start must be 'corner' or 'random', got {start!r}")
         self.width, self.height, self.tile, self.start = int(maze_width), int(maze_height), tile, start
         self.render_mode = render_mode

@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 if TYPE_CHECKING:
     from vlrl.models.build import InitScheme
@@ -80,7 +80,7 @@ def start_checkpoint(
 
     if model not in ("tiny", "small"):
         raise ValueError(f"unknown curriculum model {model!r}; expected 'tiny' or 'small'")
-    if image_stats not in ("model", "maze"):
+    if image_stats not in get_args(ImageStats):
         raise ValueError(f"image_stats must be 'model' or 'maze', got {image_stats!r}")
     name = f"{arch}-maze_{model}" + (f"-w{SMALL_WINDOW}" if model == "small" else "")
     name += (f"-px{image_side}" if image_side else "") + ("-mazenorm" if image_stats == "maze" else "")

@@ -13,10 +13,10 @@ import ast
 import random
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, get_args
 
 from vlrl.envs.contract import EnvError
-from vlrl.envs.maze2d import ACTION_NAMES, DELTAS, STOP, Maze2DEnv
+from vlrl.envs.maze2d import ACTION_NAMES, DELTAS, STOP, Maze2DEnv, Start
 from vlrl.envs.maze_solver import shortest_path_actions
 from vlrl.envs.text_env import GymTextEnv, ParsedAction
 
@@ -150,7 +150,7 @@ def make_maze2d(level: str, extras: Mapping[str, Any], seed: int | None) -> GymT
     if isinstance(tile, bool) or not isinstance(tile, int) or tile < 4:
         raise EnvError(f"maze2d extras tile must be an int of at least 4 (px per tile), got {tile!r}")
     start = extras.get("start", "corner")
-    if start not in ("corner", "random"):
+    if start not in get_args(Start):
         raise EnvError(f"maze2d extras start must be 'corner' or 'random', got {start!r}")
     parser = parse_tuple_action if mode == "tuple" else parse_keyword_action
     # The class directly rather than gymnasium.make: no passive-checker overhead per step; the same
