@@ -2,7 +2,8 @@
 
     python benchmarks/maze_reply_probe.py [--arch qwen2_5_vl] [--model tiny|small] [--init normal|fan_in]
         [--level 5x5] [--tile 25] [--steps 400] [--batch 32] [--lr 1e-3] [--every 50]
-        [--open] [--start corner|random] [--image-stats model|maze] [--out benchmarks/results/maze_reply_probe_cpu.json]
+        [--open] [--start corner|random] [--image-stats model|maze] [--mazes 256]
+        [--out benchmarks/results/maze_reply_probe_cpu.json]
 
 The supervised probe of ``maze_perception.py`` reads its answers through four digit rows; this one trains what the
 curriculum's SFT trains: the maze prompt (``maze_prompt``, keyword mode) with the first frame, and the expert's
@@ -10,7 +11,8 @@ reply ``<action>DIR</action><|im_end|>`` teacher-forced, cross-entropy over the 
 reply's tokens (token mean, as ``Trainer.sft_step``), AdamW, grad-norm clip 1. Every ``--every`` steps: the loss,
 the direction token's cross-entropy (ln 4 = 1.386 is a uniform guess among the four moves) and held-out accuracy
 (argmax over the vocabulary at the direction's position), and the vision tower's gradient norm. Mazes: seeds
-0..255 for training, 10**6.. for held-out (a 5x5 level has 16 distinct first frames). Appends the run to ``--out``.
+0..255 for training (``--mazes``), 10**6.. for held-out (a 5x5 level has 16 distinct first frames). Appends the run
+to ``--out``.
 
 ``--open``: the reply names the open directions first (``open: up left`` and a newline, the maze expert's
 ``expert_open``), teacher-forced with the rest. Then the teacher-forced direction is read with the true open list in
@@ -49,6 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--every", type=int, default=50)
+    ap.add_argument("--mazes", type=int, default=256, help="training mazes (seeds 0..N-1)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--open", action="store_true", help="the reply names the open directions first")
     ap.add_argument("--start", choices=["corner", "random"], default="corner", help="where the training frames start")
@@ -76,19 +79,19 @@ def main(argv: list[str] | None = None) -> int:
 
     processor.tokenizer.padding_side = "left"  # --open replies differ in length: every reply ends the row
 
-    train, distinct, _ = encode_replies(processor, args, range(256), args.start)
+    train, distinct, _ = encode_replies(processor, args, range(args.mazes), args.start)
     held, _, held_moves = encode_replies(processor, args, range(10**6, 10**6 + 64))
     spots, _, _ = encode_replies(processor, args, range(10**6, 10**6 + 64), "random")
     n_reply = len(processor.tokenizer.encode(action_text(0, "keyword") + "<|im_end|>", add_special_tokens=False))
     n_reply += int(max(enc["heads"].max() for enc in (train, held, spots)))  # the longest; shorter ones' rest masked
-    per_img = train["pixel_values"].shape[0] // 256
+    per_img = train["pixel_values"].shape[0] // args.mazes
     vision = model.model.visual  # its gradient norm is logged
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
 
     gen = torch.Generator().manual_seed(0)
     curve = []
     for step in range(1, args.steps + 1):
-        idx = torch.randint(0, 256, (args.batch,), generator=gen)
+        idx = torch.randint(0, args.mazes, (args.batch,), generator=gen)
         ce, _ = reply_ce(model, train, idx, n_reply, per_img)
         opt.zero_grad(set_to_none=True)
         (ce.sum() / reply_mask(train, idx, n_reply).sum()).backward()  # token mean over the replies' own tokens

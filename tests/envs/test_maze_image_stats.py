@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from vlrl.envs.maze2d import FLOOR, WALL
-from vlrl.envs.maze_models import MAZE_IMAGE_STATS, start_checkpoint
+from vlrl.envs.maze_models import MAZE_IMAGE_STATS, checkpoint_choices, start_checkpoint
 from vlrl.envs.maze_text import make_maze2d
 
 
@@ -61,6 +61,18 @@ def test_maze_stats_change_the_normalisation_alone():
         start_checkpoint("qwen2_5_vl", "tiny", "fan_in", image_stats="maze"),
     )
     assert model != maze and digest(model) == digest(maze)
+
+
+def test_a_checkpoint_says_what_it_was_drawn_as_after_a_level_saved_it(tmp_path):
+    """A level continued from weights records the statistics the renderer applies, not its plan's default: the
+    directory a level saves (the source's files, new weights) keeps the processor and the manifest."""
+    import shutil
+
+    maze = start_checkpoint("qwen2_5_vl", "tiny", "fan_in", image_stats="maze")
+    saved = shutil.copytree(maze, tmp_path / "weights", ignore=shutil.ignore_patterns("*.safetensors"))
+    assert checkpoint_choices(saved) == {"model": "tiny", "init": "fan_in", "image_stats": "maze"}
+    clip = start_checkpoint("qwen2_5_vl", "tiny", "normal")
+    assert checkpoint_choices(clip) == {"model": "tiny", "init": "normal", "image_stats": "model"}
 
 
 def test_image_stats_must_be_model_or_maze():

@@ -333,17 +333,10 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
         if rl_steps:
             evals.append(evaluate(run, rl_steps, "after"))
             weights = save_weights(run, Path(out) / "weights")
+        seconds = (round(t_sft - t0, 1), round(time.time() - t_sft, 1))
+        row = _config_row(cfg) | _plan_row(plan, run)
         result = LevelResult(
-            plan.level,
-            str(out),
-            sft_steps,
-            episodes,
-            rl_steps,
-            round(t_sft - t0, 1),
-            round(time.time() - t_sft, 1),
-            tuple(evals),
-            str(weights),
-            _config_row(cfg) | _plan_row(plan, run.model),
+            plan.level, str(out), sft_steps, episodes, rl_steps, *seconds, tuple(evals), str(weights), row
         )
         summary = {
             "name": cfg.name,
@@ -362,15 +355,19 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
     return result
 
 
-def _plan_row(plan: LevelPlan, model) -> dict[str, Any]:
-    """The plan's own choices (beside the config's, :func:`_config_row`) for the success-vs-compute table."""
+def _plan_row(plan: LevelPlan, run) -> dict[str, Any]:
+    """The plan's choices (beside the config's, :func:`_config_row`) for the success-vs-compute table; the model, its
+    init and pixel statistics as the level's start checkpoint has them (a continued level was not drawn by the plan)."""
+    from vlrl.envs.maze_models import checkpoint_choices
+
+    built = checkpoint_choices(run.model_dir)
     return {
-        "model": plan.model,
-        "init": plan.init,
+        "model": built["model"] or plan.model,
+        "init": built["init"] or plan.init,
         "first_turns": plan.first_turns,
         "first_start": plan.first_start,
-        "image_stats": plan.image_stats,
-        "n_params": sum(p.numel() for p in model.parameters()),
+        "image_stats": built["image_stats"],
+        "n_params": sum(p.numel() for p in run.model.parameters()),
         "sft_lr_scale": dict(plan.sft_lr_scale),
         "mask_detours": plan.mask_detours,
         "sft_pool": plan.sft_pool,

@@ -51,6 +51,22 @@ two look alike; with these statistics they point opposite ways (cosine -0.98), a
 normalisation would have them."""
 
 
+def checkpoint_choices(model_dir: str | Path) -> dict[str, Any]:
+    """What a model directory was drawn as: ``model``, ``init`` (from its ``vlrl_model.json``; None where it does not
+    say) and ``image_stats`` (from its processor config, which the renderer applies: ``maze`` where the statistics
+    are :data:`MAZE_IMAGE_STATS`). A level continued from weights keeps what the first level drew."""
+    path = Path(model_dir)
+    built = json.loads((path / "vlrl_model.json").read_text()) if (path / "vlrl_model.json").exists() else {}
+    proc = json.loads((path / "processor_config.json").read_text()) if (path / "processor_config.json").exists() else {}
+    proc = proc.get("image_processor", proc)
+    stats = (tuple(proc.get("image_mean", ())), tuple(proc.get("image_std", ())))
+    return {
+        "model": built.get("size", "").removeprefix("maze_") or None,
+        "init": built.get("init"),
+        "image_stats": "maze" if stats == MAZE_IMAGE_STATS else "model",
+    }
+
+
 def start_checkpoint(
     arch: str = "qwen2_5_vl",
     model: CurriculumModel = "small",
