@@ -83,6 +83,17 @@ def probe_model_dir(args: argparse.Namespace):
     return start_checkpoint(args.arch, args.model, args.init, image_stats=args.image_stats)
 
 
+def append_run(out: str | Path, what: str, run: dict) -> None:
+    """Append ``run``, stamped with the repo's commit, to the results file ``out`` (``{"what", "runs": [...]}``; the
+    maze probes' and ``maze_gap.py``'s files)."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    path = Path(out)
+    data = json.loads(path.read_text()) if path.exists() else {"what": what, "runs": []}
+    data["runs"].append(run | {"commit": commit})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
 def corridor_tiles(size: int) -> list[tuple[int, int]]:
     """The tiles whose wall state differs between mazes of one size: those joining two adjacent cells
     (odd row, even col or even row, odd col, inside the outer ring). Cells (odd, odd) are always floor,
@@ -270,7 +281,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"interrupted at step {step}", flush=True)
 
     wall = round(time.time() - t0, 1)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     run = {
         "name": args.name or f"{args.arch}-{args.model}-vlr{args.vision_lr_scale:g}",
         "command": "python benchmarks/maze_perception.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -295,13 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         "final_acc": curve[-1]["acc"],
         "curve": curve,
         "wall_s": wall,
-        "commit": commit,
     }
-    out = Path(args.out)
-    data = json.loads(out.read_text()) if out.exists() else {"what": __doc__.strip().splitlines()[0], "runs": []}
-    data["runs"].append(run)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1) + "\n")
+    append_run(args.out, __doc__.strip().splitlines()[0], run)
     print(json.dumps({k: run[k] for k in ("name", "final_acc", "chance", "wall_s")}), flush=True)
     return 0
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -165,17 +164,12 @@ def encode_replies(
 
 
 def save_run(args: argparse.Namespace, argv: list[str] | None, fields: dict, t0: float) -> None:
-    """Append the run (its command, arguments, ``fields``, wall time and commit) to ``--out``."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    """Append the run (its command, arguments, ``fields`` and wall time) to ``--out``."""
+    from maze_perception import append_run
+
     argv_text = " ".join(argv if argv is not None else sys.argv[1:])
     run = {"command": f"python benchmarks/maze_reply_probe.py {argv_text}".strip(), **vars(args)}
-    run |= fields | {"wall_s": round(time.time() - t0, 1)}
-    run["commit"] = commit
-    out = Path(args.out)
-    data = json.loads(out.read_text()) if out.exists() else {"what": __doc__.strip().splitlines()[0], "runs": []}
-    data["runs"].append(run)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1) + "\n")
+    append_run(args.out, __doc__.strip().splitlines()[0], run | fields | {"wall_s": round(time.time() - t0, 1)})
 
 
 def greedy_move_acc(model, processor, enc: dict, moves: list[int], per_img: int, max_new: int = 16) -> float:
