@@ -144,3 +144,52 @@ def test_expert_open_must_be_a_bool():
     env.init()
     with pytest.raises(EnvError, match="expert_open must be true or false, got 'yes'"):
         next(maze2d_expert(env, {"seed": 0, "extras": {"expert_open": "yes"}}))
+
+
+def test_branch_detours_walk_down_wrong_branches_into_dead_ends_and_still_stop_on_the_goal():
+    """``expert_branch``: the detours run several moves down a branch the shortest path does not take, some end
+    pressing into a dead end's wall more than once (the policy's own failure, item 18 of docs/maze.md), and every
+    episode still ends with stop on the goal inside the budget, the detours flagged for the loss mask."""
+    from vlrl.envs.maze_text import expert_turns
+
+    runs = bumps_in_a_row = 0
+    for level in ("7x7", "easy", "hard"):
+        for seed in range(30):
+            extras = {"expert_branch": 0.3}
+            env = make_maze2d(level, extras, seed)
+            env.init()
+            flags, feedback, result = [], [], None
+            for text, detour in expert_turns(env, {"seed": seed, "extras": extras}):
+                result = env.step(text)
+                flags.append(detour)
+                feedback.append(result.metadata["feedback"])
+                if result.done:
+                    break
+            assert result.reward == 1.0 and len(flags) <= LEVELS[level]["max_turns"] and not flags[-1], (level, seed)
+            run = 0  # detour moves in a row that went somewhere: a walk down the branch
+            for detour, said in zip(flags, feedback, strict=True):
+                run = run + 1 if detour and said != FEEDBACK_WALL else 0
+                runs += run == 5
+            bumps_in_a_row += any(
+                flags[i] and flags[i + 1] and feedback[i] == feedback[i + 1] == FEEDBACK_WALL
+                for i in range(len(flags) - 1)
+            )
+    assert runs >= 10 and bumps_in_a_row >= 10, (runs, bumps_in_a_row)
+
+
+def test_branch_detours_are_seeded_and_leave_the_noise_episodes_as_they_were():
+    def play(extras, seed):
+        env = make_maze2d("easy", extras, seed)
+        env.init()
+        texts = []
+        for text in maze2d_expert(env, {"seed": seed, "extras": extras}):
+            texts.append(text)
+            if env.step(text).done:
+                return texts
+        raise AssertionError("the expert stopped without stop")
+
+    both = {"expert_noise": 0.2, "expert_branch": 0.2}
+    assert play(both, 5) == play(both, 5)
+    assert any(play(both, s) != play({"expert_noise": 0.2}, s) for s in range(5))
+    for seed in range(10):
+        assert play({"expert_noise": 0.2, "expert_branch": 0.0}, seed) == _play("easy", seed, 0.2)[0]

@@ -176,6 +176,12 @@ def maze2d_expert(env: GymTextEnv, row: Mapping[str, Any]) -> Iterator[str]:
     wall feedback. A detour is only taken while the turn budget still fits it, the way back and ``stop``,
     so every demonstration ends on the goal. Seeded by the row's seed: the same row, the same episode.
 
+    Row extras ``expert_branch`` = q > 0 add the mistake a maze policy makes most (docs/maze.md item 18): at each
+    turn, with probability q, it walks down a wrong branch (:func:`branch_detour`: an open move the path does not
+    take, then along that corridor, and at a dead end into its wall once or more), then comes back. These turns
+    are detours too; the same budget rule holds. Drawn from its own seeded stream, so ``expert_noise`` alone
+    plays the episodes it played before.
+
     Row extras ``expert_open`` = true make each reply first name the open directions around the agent
     (:func:`open_text`, e.g. ``open: up left``), then the action: an auxiliary target that supervises reading
     the walls next to the agent, the perception the maze probes found missing (docs/maze-early.md item 7, maze.md 13).
@@ -193,14 +199,23 @@ def expert_turns(env: GymTextEnv, row: Mapping[str, Any]) -> Iterator[tuple[str,
     extras = row.get("extras") or {}
     mode = str(extras.get("action_mode", "keyword"))
     noise = float(extras.get("expert_noise", 0.0))
+    branch = float(extras.get("expert_branch", 0.0))
     say_open = extras.get("expert_open", False)
     if not isinstance(say_open, bool):
         raise EnvError(f"maze2d extras expert_open must be true or false, got {say_open!r}")
     rng = random.Random(f"maze2d-expert-noise/{row.get('seed')}")
+    branch_rng = random.Random(f"maze2d-expert-branch/{row.get('seed')}")
+    queued: list[int] = []  # the rest of a branch detour under way
     while True:
         path = shortest_path_actions(game.maze_map, game.agent, game.target)
         action, detour = (path[0] if path else STOP), False
-        if noise > 0 and rng.random() < noise:
+        if queued:
+            action, detour = queued.pop(0), True
+        elif branch > 0 and path and branch_rng.random() < branch:
+            moves = branch_detour(game.maze_map, game.agent, path[0], branch_rng)
+            if moves and len(moves) + len(_path_from(game, moves)) + 1 <= env.max_turns - env.turn:
+                action, detour, queued = moves[0], True, moves[1:]
+        elif noise > 0 and rng.random() < noise:
             move = rng.choice([a for a in DELTAS if a != action])
             if len(path_after(game.maze_map, game.agent, game.target, move)) + 2 <= env.max_turns - env.turn:
                 action, detour = move, True
@@ -208,6 +223,41 @@ def expert_turns(env: GymTextEnv, row: Mapping[str, Any]) -> Iterator[tuple[str,
         yield (open_text(game.maze_map, game.agent) + text if say_open else text), detour
         if action == STOP:
             return
+
+
+def branch_detour(maze_map, agent: tuple[int, int], path_move: int, rng: random.Random, longest: int = 8) -> list[int]:
+    """A walk down a wrong branch from ``agent``: an open move other than ``path_move``, then on along the corridor
+    (never straight back; a random open way at a fork) for 1 to ``longest`` moves in all; where it meets a dead end,
+    1 to 3 moves into its end wall (the frame stops changing, as in a policy's failed episodes). [] where every
+    other move is a wall."""
+    wrong = [a for a in DELTAS if a != path_move and _floor(maze_map, _next(agent, a))]
+    if not wrong:
+        return []
+    move, cell, came, moves = rng.choice(wrong), agent, agent, []
+    for _ in range(rng.randint(1, longest)):
+        moves.append(move)
+        came, cell = cell, _next(cell, move)
+        ways = [a for a in DELTAS if _floor(maze_map, _next(cell, a)) and _next(cell, a) != came]
+        if not ways:
+            return moves + [move] * rng.randint(1, 3)  # straight on is the dead end's wall
+        move = rng.choice(ways)
+    return moves
+
+
+def _next(cell: tuple[int, int], move: int) -> tuple[int, int]:
+    return cell[0] + DELTAS[move][0], cell[1] + DELTAS[move][1]
+
+
+def _floor(maze_map, cell: tuple[int, int]) -> bool:
+    return bool(maze_map[cell] == 0)
+
+
+def _path_from(game, moves: list[int]) -> list[int]:
+    """The BFS path to the target after playing ``moves`` (wall bumps stay put)."""
+    cell = game.agent
+    for move in moves:
+        cell = _next(cell, move) if _floor(game.maze_map, _next(cell, move)) else cell
+    return shortest_path_actions(game.maze_map, cell, game.target)
 
 
 def open_text(maze_map, agent: tuple[int, int]) -> str:

@@ -1,0 +1,52 @@
+"""benchmarks/maze_errors.py's turn labels: the replay that says where a maze policy's episodes went wrong."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from vlrl.envs.maze2d import DELTAS
+from vlrl.envs.maze_solver import expert_actions
+from vlrl.envs.maze_text import action_text, make_maze2d
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "maze_errors.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("maze_errors", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _expert(seed: int) -> tuple[list[int], object]:
+    env = make_maze2d("easy", {}, seed)
+    env.init()
+    game = env.gym_env.unwrapped
+    return expert_actions(game.maze_map, game.agent, game.target), game
+
+
+def test_the_experts_episode_is_all_ok_and_each_kind_of_mistake_is_named():
+    errors = _module()
+    words = lambda actions: [action_text(a, "keyword") for a in actions]  # noqa: E731
+    for seed in range(5):
+        actions, game = _expert(seed)
+        letters, labels = errors.label_turns(make_maze2d("easy", {}, seed), words(actions))
+        assert labels == ["ok"] * len(actions) and letters == "".join("RULDS"[a] for a in actions)
+        first = actions[0]
+        row, col = game.agent
+        walls = [a for a, (dr, dc) in DELTAS.items() if game.maze_map[row + dr, col + dc] == 1]
+        opens = [a for a, (dr, dc) in DELTAS.items() if game.maze_map[row + dr, col + dc] == 0 and a != first]
+        replies = words([walls[0], *([opens[0]] if opens else []), 4]) + ["no action here"]
+        _, labels = errors.label_turns(make_maze2d("easy", {}, seed), replies)
+        assert labels == ["wall", *(["off_path"] if opens else []), "stop_off_goal"], (seed, labels)
+    summary = errors.summarise(
+        [
+            {"solved": True, "moves": "RS", "labels": ["ok", "ok"]},
+            {"solved": True, "moves": "LRRS", "labels": ["off_path", "ok", "ok", "ok"]},
+            {"solved": False, "moves": "RLLL", "labels": ["ok", "off_path", "wall", "wall"]},
+        ]
+    )
+    assert summary["solved"] == 2 and summary["with_a_mistake"] == 2 and summary["solved_after_a_mistake"] == 1
+    assert summary["first_mistake"] == {"off_path": 2} and summary["first_mistake_turn"] == {0: 1, 1: 1}
+    assert summary["ok_share"] == 0.6 and summary["failed_moves"] == ["RLLL"]
