@@ -60,6 +60,9 @@ def _trim_to(prompt, n_tokens: int, renderer):
     )
 
 
+_BUILT: list[tuple] = []  # stack()'s keys, for close_stacks
+
+
 @functools.cache
 def stack(size: str, dtype: str, device: str, attention: str | None = None):
     """(renderer, engine) for the tiny Qwen2.5-VL of ``size`` (tiny: one kv head; tiny_kv2: two)."""
@@ -74,4 +77,14 @@ def stack(size: str, dtype: str, device: str, attention: str | None = None):
         torch.backends.cudnn.allow_tf32 = False
     path = cached_model_dir("qwen2_5_vl", size, seed=0)
     engine = EmbeddedEngine.from_pretrained(path, device=device, dtype=getattr(torch, dtype), attention=attention)
+    _BUILT.append((size, dtype, device, attention))
     return EmbeddedRenderer.from_pretrained(path), engine
+
+
+def close_stacks() -> None:
+    """Close every engine :func:`stack` built and forget them: a module's engines (a model and a prefix cache each)
+    are not kept for the rest of the session."""
+    for size, dtype, device, attention in list(_BUILT):
+        stack(size, dtype, device, attention)[1].close()
+    _BUILT.clear()
+    stack.cache_clear()

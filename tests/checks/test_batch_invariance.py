@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from invariance_cases import BAD_WIDTHS, prompt_of_length, stack
+from invariance_cases import BAD_WIDTHS, close_stacks, prompt_of_length, stack
 
 from vlrl.checks.batch_invariance import check_batch_invariance
 
@@ -26,6 +26,13 @@ CASES += [
     for size in ("tiny", "tiny_kv2")
     for dtype in ("float32", "bfloat16")
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _engines_closed_after_the_module():
+    yield
+    close_stacks()
+
 
 prompt_specs = st.lists(st.tuples(st.integers(24, 1400), st.integers(0, 2)), min_size=1, max_size=3)
 

@@ -8,11 +8,17 @@ import copy
 
 import pytest
 import torch
-from invariance_cases import prompt_of_length, stack
+from invariance_cases import close_stacks, prompt_of_length, stack
 
 from vlrl.checks.agreement import breakdown, compare_logprobs
 from vlrl.checks.batch_invariance import BatchVarianceError, check_batch_invariance
 from vlrl.checks.image_sensitivity import ImageInsensitiveError, image_sensitivity
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _engines_closed_after_the_module():
+    yield
+    close_stacks()
 
 
 def test_batch_invariance_fails_when_padding_leaks_into_attention(monkeypatch):

@@ -24,7 +24,8 @@ def engine(tiny):
     decode = eng._decode
     eng._decode = lambda reqs: (batches.append(len(reqs)), decode(reqs))[1]
     eng.batches = batches
-    return eng, b.renderer
+    yield eng, b.renderer
+    eng.close()
 
 
 def _prompts(renderer, n):
@@ -101,3 +102,26 @@ def test_a_generate_calls_batch_starts_without_waiting(engine):
     call.join(timeout=60)
     assert isinstance(late.result(timeout=60), Generation) and len(done[0]) == 2
     assert eng.batches == [2, 1]
+
+
+def test_close_finishes_what_is_queued_then_frees_the_engine(tiny):
+    """The worker thread holds its engine (the model copy a Run gives it, a prefix cache of up to 1 GiB, CUDA graphs)
+    for as long as it runs: before close() existed every Run's engine outlived the run, and a process of several
+    runs (the maze curriculum's levels, a test session) kept them all."""
+    import gc
+    import weakref
+
+    from vlrl.engines.embedded import EmbeddedEngine
+
+    b = tiny("qwen2_5_vl")
+    eng = EmbeddedEngine(b.engine.model, b.tokenizer)
+    prompts = _prompts(b.renderer, 3)
+    futures = [eng.submit(p, PARAMS) for p in prompts]
+    eng.close()
+    assert all(f.done() and len(f.result().token_ids) == 3 for f in futures)  # queued work ends before the stop
+    assert len(eng.generate(prompts[:1], PARAMS)[0].token_ids) == 3  # a later request starts a new worker
+    eng.close()
+    ref = weakref.ref(eng)
+    del eng
+    gc.collect()
+    assert ref() is None

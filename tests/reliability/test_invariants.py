@@ -63,6 +63,21 @@ def test_evaluation_is_reproducible_and_each_row_seed_reaches_its_env(tmp_path):
         assert record["messages"][0] == env.init(row.prompt)[0][0], f"eval row seed {row.seed} did not reach its env"
 
 
+def test_a_closed_run_leaves_nothing_that_holds_its_engine(tmp_path):
+    """The embedded engine's worker thread holds the engine (a copy of the policy, its prefix cache, CUDA graphs):
+    ``Run.close`` stops it, so a process that runs one run after another (the maze curriculum's levels) frees each."""
+    import gc
+    import weakref
+
+    run = Run(load_config("color_square", [*EVAL, f"run.out={tmp_path}"]))
+    run.evaluate(0, "check")  # the worker starts with the first request
+    engine = weakref.ref(run.engine)
+    run.close()
+    del run
+    gc.collect()
+    assert engine() is None
+
+
 class TamperingRenderer:
     """The real renderer, except that every render holding two or more images (a re-render, after the
     first observation's image) comes back with one field of the first image changed."""

@@ -50,6 +50,7 @@ def test_starting_vllm_leaves_this_process_as_it_was(engine):
     later in the same process inherited ``VLLM_CPU_KVCACHE_SPACE`` from an earlier in-process engine, failing a CI
     run). vLLM's own variables (``LD_PRELOAD``, ...) are its own."""
     import os
+    import sys
 
     from vlrl.vllm.inprocess_env import INPROCESS_ENV
 
@@ -57,6 +58,17 @@ def test_starting_vllm_leaves_this_process_as_it_was(engine):
     for key in (*INPROCESS_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_WORKER_MULTIPROC_METHOD"):
         assert os.environ.get(key) == env.get(key), key
     assert torch.set_num_threads is setter
+    # nor may vLLM's modules keep an exception with its traceback (``drop_import_tracebacks``): its frames hold their
+    # callers, and vLLM keeps an optional import's failure (torchcodec's), first imported while an engine starts, so
+    # it pinned the process's first engine, model and KV cache, past close() (measured: a weakref to it stayed alive)
+    held = [
+        f"{name}.{key}"
+        for name, module in list(sys.modules.items())
+        if name.startswith("vllm") and module is not None
+        for key, value in vars(module).items()
+        if isinstance(value, BaseException) and value.__traceback__ is not None
+    ]
+    assert not held, held
 
 
 def _start(vlrl_model_dir, **options):

@@ -143,4 +143,6 @@ def engine_section(model, renderer, batch_sizes: Sequence[int], max_tokens: int,
             out[name][key] = timed[name]
             out[f"{name}_over_hf"][key] = round(timed[name]["tok_per_s"] / timed["hf_generate"]["tok_per_s"], 3)
         out["embedded"][key] |= {"render_seconds": round(render_s, 4)}
+    for engine in engines.values():
+        engine.close()
     return out

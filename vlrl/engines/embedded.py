@@ -47,7 +47,6 @@ from vlrl.engines.sampling import (
 )
 from vlrl.engines.steps import DynamicSteps, Steps, to_host
 from vlrl.engines.types import Engine, Generation, NamedTensors, SamplingParams
-from vlrl.errors import ContextOverflowError
 from vlrl.models.positions import mrope_positions
 from vlrl.models.tokenizer import VISION_TOKENS
 from vlrl.render.types import RenderedPrompt
@@ -59,6 +58,9 @@ class _Unit(list):
     def __init__(self, requests: Sequence[DecodeRequest], waits: bool):
         super().__init__(requests)
         self.waits = waits
+
+
+_STOP = _Unit([], waits=False)  # queued by close(): the worker stops once the units before it are done
 
 
 class EmbeddedEngine:
@@ -157,17 +159,7 @@ class EmbeddedEngine:
         return await asyncio.wrap_future(self.submit(prompt, params))
 
     def _request(self, prompt: RenderedPrompt, params: SamplingParams) -> DecodeRequest:
-        n = len(prompt.token_ids)
-        if n == 0:
-            raise ValueError("empty prompt")
-        if n >= self.max_context:
-            raise ContextOverflowError(n, self.max_context)
-        bad = set(self.banned_ids.tolist()).intersection(params.stop_token_ids)
-        if bad:
-            raise ValueError(f"stop_token_ids {sorted(bad)} are vision placeholder ids, which are never sampled")
-        return DecodeRequest(
-            prompt=prompt, params=params, max_new=min(params.max_tokens, self.max_context - n), future=Future()
-        )
+        return DecodeRequest.checked(prompt, params, self.max_context, set(self.banned_ids.tolist()))
 
     # ------------------------------------------------------------------ worker
 
@@ -177,20 +169,19 @@ class EmbeddedEngine:
             self._worker.start()
         self._queue.put(unit)
 
-    def _next_batch(self) -> list[DecodeRequest]:
-        """Block for one unit, then add whole queued units, in order, while they fit in ``max_batch`` (the
-        first that does not fit opens the next batch); requests whose future was cancelled meanwhile are
-        dropped here (never decoded, never poisoning a batch).
+    def _next_batch(self) -> list[DecodeRequest] | None:
+        """Block for one unit, then add whole queued units in order while they fit ``max_batch`` (the first that does
+        not fit opens the next batch); cancelled requests are dropped here, never decoded. None at :meth:`close`.
 
-        A batch opened by a ``submit`` that is not full waits ``gather_s`` for the next unit after each
-        arrival, ``gather_cap_s`` at most (a ``generate`` call's batch starts at once): concurrent episodes
-        render their turns on the renderer's threads and queue them a few ms apart, and without the wait the
-        first request of a turn started a batch of its own, the others waiting for it to finish (8 maze
-        episodes: batches of 1 then 7 every turn; on an H100 a 16-turn rollout took 47.3 s so, 20.1 s with the
-        wait, ``benchmarks/engine_gather.py``). Batch composition changes no logprob (batch invariance) and no
-        sampled token (each request draws from its own generator)."""
+        A ``submit``'s batch that is not full waits ``gather_s`` after each arrival for one more unit, ``gather_cap_s``
+        in all (a ``generate`` call's batch starts at once): concurrent episodes queue their turns ms apart, and
+        without the wait each turn's first request decoded alone (8 maze episodes on an H100: a 16-turn rollout took
+        47.3 s, 20.1 s with the wait, ``benchmarks/engine_gather.py``). Batch composition changes no logprob (batch
+        invariance) and no sampled token (each request draws from its own generator)."""
         units = [self._held if self._held is not None else self._queue.get()]
         self._held = None
+        if units[0] is _STOP:
+            return None
         size = len(units[0])
         cap = time.monotonic() + (self.gather_cap_s if units[0].waits else 0.0)
         while size < self.max_batch:
@@ -199,7 +190,7 @@ class EmbeddedEngine:
                 unit = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
             except queue.Empty:
                 break
-            if size + len(unit) > self.max_batch:
+            if unit is _STOP or size + len(unit) > self.max_batch:
                 self._held = unit
                 break
             units.append(unit)
@@ -207,8 +198,7 @@ class EmbeddedEngine:
         return [r for unit in units for r in unit if r.future.set_running_or_notify_cancel()]
 
     def _serve(self) -> None:
-        while True:
-            batch = self._next_batch()
+        while (batch := self._next_batch()) is not None:
             if not batch:
                 continue
             try:
@@ -220,6 +210,17 @@ class EmbeddedEngine:
                 for r in batch:
                     if not r.future.done():
                         r.future.set_exception(exc)
+
+    def close(self) -> None:
+        """Finish what is queued, stop the worker thread (it holds this engine: model, caches, graphs, for as long
+        as it runs) and drop the caches. A later request starts a new worker."""
+        worker, self._worker = self._worker, None
+        if worker is not None and worker.is_alive():
+            self._queue.put(_STOP)
+            worker.join()
+        self.clear_caches()
+        if self._graphs is not None:
+            self._graphs.clear()
 
     # ------------------------------------------------------------------ decoding
 
@@ -363,10 +364,8 @@ class EmbeddedEngine:
 
     @torch.no_grad()
     def update_weights(self, named_tensors: NamedTensors, version: int | None = None) -> int:
-        """Copy new weights into the model in place (between batches); returns the new weight version.
-
-        Names are the model's ``named_parameters()`` names; every name must exist with the same shape.
-        """
+        """Copy new weights into the model in place (between batches); returns the new weight version. Names are
+        the model's ``named_parameters()`` names; every name must exist with the same shape."""
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         with self._lock:
             params = dict(self.model.named_parameters())

@@ -12,6 +12,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from vlrl.engines.types import FinishReason, Generation, SamplingParams
+from vlrl.errors import ContextOverflowError
 from vlrl.render.types import RenderedPrompt
 
 
@@ -28,6 +29,22 @@ class DecodeRequest:
     logprobs: list[float] = field(default_factory=list)
     top: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
     finish: Generation | None = None
+
+    @classmethod
+    def checked(
+        cls, prompt: RenderedPrompt, params: SamplingParams, max_context: int, banned: set[int]
+    ) -> DecodeRequest:
+        """A new request, or the error that names why ``prompt`` cannot be decoded: empty, no room left in
+        ``max_context``, or a stop token id that is a vision placeholder (``banned``: those are never sampled)."""
+        n = len(prompt.token_ids)
+        if n == 0:
+            raise ValueError("empty prompt")
+        if n >= max_context:
+            raise ContextOverflowError(n, max_context)
+        bad = banned.intersection(params.stop_token_ids)
+        if bad:
+            raise ValueError(f"stop_token_ids {sorted(bad)} are vision placeholder ids, which are never sampled")
+        return cls(prompt=prompt, params=params, max_new=min(params.max_tokens, max_context - n), future=Future())
 
     def record(
         self, token: int, logprob: float, top: tuple, *, tokenizer, eos_ids: Sequence[int], version: int

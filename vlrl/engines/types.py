@@ -125,3 +125,8 @@ class Engine(Protocol):
         """Forget work reused across calls (image features, prefix keys / values): the next call computes
         every prompt from scratch (a check comparing two calls must not have one read the other's cache)."""
         ...
+
+    def close(self) -> None:
+        """Release what the engine holds (its threads and, through them, its model and caches; its servers): a run
+        that ends must leave nothing behind in a process that goes on (the next run, the next test)."""
+        ...

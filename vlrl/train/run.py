@@ -113,7 +113,7 @@ class Run:
             from vlrl.render.embedded import EmbeddedRenderer
 
             engine = EmbeddedEngine(copy.deepcopy(model).to(self.dtype).eval(), self._tokenizer())
-            return EmbeddedRenderer.from_pretrained(self.model_dir), engine, lambda: None
+            return EmbeddedRenderer.from_pretrained(self.model_dir), engine, engine.close
         if self.cfg.rollout.engine == "vllm":
             from vlrl.vllm.limits import episode_images
             from vlrl.vllm.stack import rollout_stack

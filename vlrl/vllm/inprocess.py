@@ -39,7 +39,7 @@ from vlrl.render.types import RenderedPrompt
 from vlrl.vllm.config import ServerConfig, VllmServerError
 from vlrl.vllm.contract import finished, sampling_fields
 from vlrl.vllm.driver import Driver
-from vlrl.vllm.inprocess_env import INPROCESS_ENV, environ_while, torch_threads_kept
+from vlrl.vllm.inprocess_env import INPROCESS_ENV, drop_import_tracebacks, environ_while, torch_threads_kept
 from vlrl.vllm.items import HASH_PREFIX, ItemCodec, check_placeholders, codec_probe, pixel_items
 from vlrl.vllm.sampled_logprobs import FinishedLogprobs
 
@@ -128,6 +128,7 @@ class InprocessVllmEngine:
             if ban == "bad_words":
                 kwargs.pop("logits_processors")
             self.llm = LLM(**kwargs, mm_processor_cache_gb=0)
+        drop_import_tracebacks()  # else the first engine of a process outlives close() (the docstring says why)
         self.startup_seconds = time.perf_counter() - t0
         return "bad_words" if ban == "bad_words" else "processor"
 
@@ -376,6 +377,7 @@ class InprocessVllmEngine:
         shutdown = getattr(self.llm.llm_engine, "engine_core", None)
         if shutdown is not None and hasattr(shutdown, "shutdown"):
             shutdown.shutdown()
+        drop_import_tracebacks()  # a module vLLM imported while serving may have pinned this engine's frames too
 
 
 def _probe_image():

@@ -46,3 +46,21 @@ def torch_threads_kept():
     finally:
         torch.set_num_threads = setter
         torch.set_num_threads(threads)
+
+
+def drop_import_tracebacks(package: str = "vllm") -> int:
+    """Clear the tracebacks of exceptions that ``package``'s modules keep at module level (vLLM keeps an optional
+    import's failure, e.g. ``vllm.multimodal.media.audio._torchcodec_import_exc``). A traceback holds its frames and
+    each frame its callers, so the one kept by a module first imported while an engine starts pins that engine's
+    ``__init__`` frame, and with it the engine (model, KV cache) for the life of the process. Returns how many."""
+    import sys
+
+    cleared = 0
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == package or name.startswith(package + ".")):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, BaseException) and value.__traceback__ is not None:
+                value.__traceback__ = None
+                cleared += 1
+    return cleared
