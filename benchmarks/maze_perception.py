@@ -86,7 +86,10 @@ def probe_model_dir(args: argparse.Namespace):
 def append_run(out: str | Path, what: str, run: dict) -> None:
     """Append ``run``, stamped with the repo's commit, to the results file ``out`` (``{"what", "runs": [...]}``; the
     maze probes' and ``maze_gap.py``'s files)."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:  # no git where it runs (a device's copy of the tree): the caller records the commit
+        commit = ""
     path = Path(out)
     data = json.loads(path.read_text()) if path.exists() else {"what": what, "runs": []}
     data["runs"].append(run | {"commit": commit})
