@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -89,16 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="benchmarks/results/maze_errors_cpu.json")
     args = ap.parse_args(argv)
 
-    from maze_perception import append_run
+    from maze_perception import append_run, weights_config
 
-    from vlrl.envs.maze_curriculum import LevelPlan, greedy_rollouts, level_config
+    from vlrl.envs.maze_curriculum import greedy_rollouts
     from vlrl.envs.maze_models import checkpoint_choices
     from vlrl.envs.maze_text import make_maze2d
     from vlrl.train.run import Run
 
     t0 = time.time()
-    cfg = level_config(LevelPlan(args.level, 0, 0), "/tmp/maze_errors", args.weights)
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, device=args.device))
+    cfg = weights_config(args.level, args.weights, args.device, "/tmp/maze_errors")
     run = Run(cfg)
     try:
         rows = run.eval_rows[: args.mazes]

@@ -18,7 +18,6 @@ episode (small: 459 s for the three sets of 100).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -38,15 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="benchmarks/results/maze_gap_cpu.json")
     args = ap.parse_args(argv)
 
-    from maze_perception import append_run
+    from maze_perception import append_run, weights_config
 
-    from vlrl.envs.maze_curriculum import LevelPlan, greedy_rollouts, level_config, wilson
+    from vlrl.envs.maze_curriculum import greedy_rollouts, wilson
     from vlrl.envs.maze_models import checkpoint_choices
     from vlrl.train.run import Run
 
     t0 = time.time()
-    cfg = level_config(LevelPlan(args.level, 0, 0), "/tmp/maze_gap", args.weights)
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, device=args.device))
+    cfg = weights_config(args.level, args.weights, args.device, "/tmp/maze_gap")
     if args.unseen < args.mazes or args.unseen + args.mazes > cfg.data.train_rows:
         ap.error(f"--unseen {args.unseen} must leave {args.mazes} rows after the pool's and within the level's rows")
     run = Run(cfg)

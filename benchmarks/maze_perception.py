@@ -97,6 +97,17 @@ def append_run(out: str | Path, what: str, run: dict) -> None:
     path.write_text(json.dumps(data, indent=1) + "\n")
 
 
+def weights_config(level: str, weights: str, device: str, scratch: str):
+    """The curriculum's ``level`` config on the model directory ``weights``, on ``device`` (``maze_gap.py`` and
+    ``maze_errors.py`` evaluate a level's weights brought back from a device)."""
+    import dataclasses
+
+    from vlrl.envs.maze_curriculum import LevelPlan, level_config
+
+    cfg = level_config(LevelPlan(level, 0, 0), scratch, weights)
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, device=device))
+
+
 def corridor_tiles(size: int) -> list[tuple[int, int]]:
     """The tiles whose wall state differs between mazes of one size: those joining two adjacent cells
     (odd row, even col or even row, odd col, inside the outer ring). Cells (odd, odd) are always floor,
