@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from vlrl.messages import image_part
@@ -60,31 +58,31 @@ def _trim_to(prompt, n_tokens: int, renderer):
     )
 
 
-_BUILT: list[tuple] = []  # stack()'s keys, for close_stacks
+_STACKS: dict[tuple, tuple] = {}  # (size, dtype, device, attention) -> (renderer, engine), until close_stacks()
 
 
-@functools.cache
 def stack(size: str, dtype: str, device: str, attention: str | None = None):
-    """(renderer, engine) for the tiny Qwen2.5-VL of ``size`` (tiny: one kv head; tiny_kv2: two)."""
-    import torch
+    """(renderer, engine) for the tiny Qwen2.5-VL of ``size`` (tiny: one kv head; tiny_kv2: two), built once."""
+    key = (size, dtype, device, attention)
+    if key not in _STACKS:
+        import torch
 
-    from vlrl.engines.embedded import EmbeddedEngine
-    from vlrl.models.build import cached_model_dir
-    from vlrl.render.embedded import EmbeddedRenderer
+        from vlrl.engines.embedded import EmbeddedEngine
+        from vlrl.models.build import cached_model_dir
+        from vlrl.render.embedded import EmbeddedRenderer
 
-    if device == "cuda":  # fp32 means fp32 (the trainer's own setting for CUDA runs)
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-    path = cached_model_dir("qwen2_5_vl", size, seed=0)
-    engine = EmbeddedEngine.from_pretrained(path, device=device, dtype=getattr(torch, dtype), attention=attention)
-    _BUILT.append((size, dtype, device, attention))
-    return EmbeddedRenderer.from_pretrained(path), engine
+        if device == "cuda":  # fp32 means fp32 (the trainer's own setting for CUDA runs)
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        path = cached_model_dir("qwen2_5_vl", size, seed=0)
+        engine = EmbeddedEngine.from_pretrained(path, device=device, dtype=getattr(torch, dtype), attention=attention)
+        _STACKS[key] = (EmbeddedRenderer.from_pretrained(path), engine)
+    return _STACKS[key]
 
 
 def close_stacks() -> None:
     """Close every engine :func:`stack` built and forget them: a module's engines (a model and a prefix cache each)
     are not kept for the rest of the session."""
-    for size, dtype, device, attention in list(_BUILT):
-        stack(size, dtype, device, attention)[1].close()
-    _BUILT.clear()
-    stack.cache_clear()
+    for _, engine in _STACKS.values():
+        engine.close()
+    _STACKS.clear()
