@@ -12,7 +12,8 @@ each episode's replies in a fresh env of the same seed and labels every turn:
 - ``stop_off_goal`` / ``unparsed``.
 
 Reports the share of ``ok`` turns, the first mistake's kind and turn in each episode that has one, how many solved
-episodes made a mistake and recovered, and the failed episodes' moves as letters (R U L D, S for stop). Appends the
+episodes made a mistake and recovered, how many were solved within VisGym's turn budget (``VISGYM_TURNS``), and the
+failed episodes' moves as letters (R U L D, S for stop). Appends the
 run to ``--out``; on CPU ~2.7 s an easy episode for the small model (273 s for 100).
 """
 
@@ -28,6 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 LETTERS = "RULDS"  # action order of vlrl.envs.maze2d: 0 right, 1 up, 2 left, 3 down, 4 stop
+VISGYM_TURNS = {"5x5": 8, "7x7": 20, "easy": 20, "hard": 30}
+"""VisGym's turn budgets (easy / hard; the small levels: vlrl's own). vlrl's easy and hard allow 30 / 46 turns
+(``vlrl.envs.maze_text.LEVELS``); no prompt names the budget, so a greedy episode's first N turns are the same under
+a budget of N, and an episode solved within N turns is a success under VisGym's budget."""
 
 
 def label_turns(env, replies: list[str]) -> tuple[str, list[str]]:
@@ -58,8 +63,9 @@ def label_turns(env, replies: list[str]) -> tuple[str, list[str]]:
     return letters, labels
 
 
-def summarise(episodes: list[dict]) -> dict:
-    """The run's counts from per-episode ``{"solved", "moves", "labels"}``."""
+def summarise(episodes: list[dict], budget: int) -> dict:
+    """The run's counts from per-episode ``{"solved", "moves", "labels"}``; ``budget``: the turns to count
+    ``solved_within_budget`` against (``VISGYM_TURNS``)."""
     turns = [label for e in episodes for label in e["labels"]]
     first = [
         next((i, x) for i, x in enumerate(e["labels"]) if x != "ok") for e in episodes if set(e["labels"]) - {"ok"}
@@ -75,6 +81,9 @@ def summarise(episodes: list[dict]) -> dict:
         "solved_after_a_mistake": sum(e["solved"] and set(e["labels"]) != {"ok"} for e in episodes),
         "first_mistake": dict(collections.Counter(kind for _, kind in first)),
         "first_mistake_turn": dict(sorted(collections.Counter(i for i, _ in first).items())),
+        "solved_turns": dict(sorted(collections.Counter(len(e["labels"]) for e in episodes if e["solved"]).items())),
+        "budget": budget,
+        "solved_within_budget": sum(e["solved"] and len(e["labels"]) <= budget for e in episodes),
         "failed_moves": [e["moves"] for e in failed],
     }
 
@@ -108,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         replies = [turn.text for turn in traj.turns]
         moves, labels = label_turns(make_maze2d(args.level, row.extras, row.seed), replies)
         episodes.append({"seed": row.seed, "solved": traj.total_reward > 0, "moves": moves, "labels": labels})
-    summary = summarise(episodes)
+    summary = summarise(episodes, VISGYM_TURNS[args.level])
     for key, value in summary.items():
         print(key, value, flush=True)
     argv_text = " ".join(argv if argv is not None else sys.argv[1:])
