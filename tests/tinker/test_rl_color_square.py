@@ -2,11 +2,13 @@
 takes color_square from the format-only warm start to eval >= 0.9 — the learning of ``vlrl train`` with recipe
 vlrl/recipes/color_square_rl.toml (8 rows x 8 repeats, lr 3e-3, embedding lr x0.1), through the wire.
 
-Measured (2 shared CPU cores): warm start 0.23; the loop retraced ``vlrl train``'s own run from the same warm start
-step for step (rewards and gradient norms equal at steps 1-13, eval 0.19 at step 10 on both), then drifted apart
-by float noise: eval 0.44 / 0.77 / 1.00 at steps 20 / 30 / 40 (``vlrl train``: 0.44 / 0.77 / 0.72, 1.00 at 50);
-3 min in all. With sampling seeds of its own (one request of 8 samples per row) four runs stopped at 0.58-0.81
-by step 60 — the recipe header records the same spread across seeds for ``vlrl train``.
+Measured (2 shared CPU cores): warm start 0.23; the loop retraces ``vlrl train``'s own run from the same warm start
+(one API step is one ``Trainer`` step, tests/tinker/test_same_update.py). At 0f66adb, alone (``-n 0``): eval 0.19 /
+0.33 / 0.56 / 0.33 / 0.48 / 0.67 / 0.97 at steps 10-70, stopping at 70 in 7.0 min (another process shared the
+cores) -- the curve the recipe header records for ``vlrl train`` at 79a6f80. In CI (two workers) it stopped at 80,
+7.5-8.5 min: the suite's longest test. (At its first measurement it had stopped at 40, in 3 min.) With sampling seeds
+of its own (one request of 8 samples per row) four runs stopped at 0.58-0.81 by step 60 -- the recipe header records
+the same spread across seeds for ``vlrl train``.
 """
 
 from __future__ import annotations
