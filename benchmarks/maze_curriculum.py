@@ -97,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         results.append(result)
         weights = result.weights
         write_results(results, args.json or out / "results.json")
-        evals = ", ".join(f"{e.label} {e.solved}/{e.episodes} [{e.low:.3f}, {e.high:.3f}]" for e in result.evals)
+        evals = ", ".join(
+            f"{e.label} {e.solved}/{e.episodes} [{e.low:.3f}, {e.high:.3f}]"
+            + ("" if e.within_visgym is None else f" ({e.within_visgym} within VisGym's turns)")
+            for e in result.evals
+        )
         print(
             json.dumps(
                 {

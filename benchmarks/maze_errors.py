@@ -12,9 +12,9 @@ each episode's replies in a fresh env of the same seed and labels every turn:
 - ``stop_off_goal`` / ``unparsed``.
 
 Reports the share of ``ok`` turns, the first mistake's kind and turn in each episode that has one, how many solved
-episodes made a mistake and recovered, how many were solved within VisGym's turn budget (``VISGYM_TURNS``), and the
-failed episodes' moves as letters (R U L D, S for stop). Appends the
-run to ``--out``; on CPU ~2.7 s an easy episode for the small model (273 s for 100).
+episodes made a mistake and recovered, how many were solved within VisGym's turn budget
+(``vlrl.envs.maze_text.VISGYM_TURNS``; the small levels: their own), and the failed episodes' moves as letters
+(R U L D, S for stop). Appends the run to ``--out``; on CPU ~2.7 s an easy episode for the small model (273 s for 100).
 """
 
 from __future__ import annotations
@@ -29,10 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 LETTERS = "RULDS"  # action order of vlrl.envs.maze2d: 0 right, 1 up, 2 left, 3 down, 4 stop
-VISGYM_TURNS = {"5x5": 8, "7x7": 20, "easy": 20, "hard": 30}
-"""VisGym's turn budgets (easy / hard; the small levels: vlrl's own). vlrl's easy and hard allow 30 / 46 turns
-(``vlrl.envs.maze_text.LEVELS``); no prompt names the budget, so a greedy episode's first N turns are the same under
-a budget of N, and an episode solved within N turns is a success under VisGym's budget."""
 
 
 def label_turns(env, replies: list[str]) -> tuple[str, list[str]]:
@@ -65,7 +61,7 @@ def label_turns(env, replies: list[str]) -> tuple[str, list[str]]:
 
 def summarise(episodes: list[dict], budget: int) -> dict:
     """The run's counts from per-episode ``{"solved", "moves", "labels"}``; ``budget``: the turns to count
-    ``solved_within_budget`` against (``VISGYM_TURNS``)."""
+    ``solved_within_budget`` against (``vlrl.envs.maze_text.VISGYM_TURNS``)."""
     turns = [label for e in episodes for label in e["labels"]]
     first = [
         next((i, x) for i, x in enumerate(e["labels"]) if x != "ok") for e in episodes if set(e["labels"]) - {"ok"}
@@ -101,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from vlrl.envs.maze_curriculum import greedy_rollouts
     from vlrl.envs.maze_models import checkpoint_choices
-    from vlrl.envs.maze_text import make_maze2d
+    from vlrl.envs.maze_text import LEVELS, VISGYM_TURNS, make_maze2d
     from vlrl.train.run import Run
 
     t0 = time.time()
@@ -117,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         replies = [turn.text for turn in traj.turns]
         moves, labels = label_turns(make_maze2d(args.level, row.extras, row.seed), replies)
         episodes.append({"seed": row.seed, "solved": traj.total_reward > 0, "moves": moves, "labels": labels})
-    summary = summarise(episodes, VISGYM_TURNS[args.level])
+    budget = VISGYM_TURNS.get(args.level, LEVELS[args.level]["max_turns"])
+    summary = summarise(episodes, budget)
     for key, value in summary.items():
         print(key, value, flush=True)
     argv_text = " ".join(argv if argv is not None else sys.argv[1:])

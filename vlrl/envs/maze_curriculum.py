@@ -104,6 +104,8 @@ class EvalResult:
     low: float
     high: float
     """The 95 % Wilson score interval of the success rate."""
+    within_visgym: int | None = None
+    """Solved within VisGym's turn budget (``maze_text.VISGYM_TURNS``; None for the levels it lacks)."""
 
     @property
     def success(self) -> float:
@@ -159,13 +161,16 @@ def greedy_rollouts(run, rows) -> list:
 def evaluate(run, step: int, label: str, keep: int = 4) -> EvalResult:
     """``Run.evaluate`` with the success count, its interval, and samples of solved *and* failed episodes
     (half each where there are both) instead of the first few."""
+    from vlrl.envs.maze_text import VISGYM_TURNS
     from vlrl.rollout.io import write_jsonl
 
     trajs = greedy_rollouts(run, run.eval_rows)
     solved = [t for t in trajs if t.total_reward > 0]
     failed = [t for t in trajs if t.total_reward <= 0]
     low, high = wilson(len(solved), len(trajs))
-    result = EvalResult(label, len(solved), len(trajs), low, high)
+    budget = VISGYM_TURNS.get(run.cfg.data.env.removeprefix("maze2d/"))
+    within = None if budget is None else sum(len(t.turns) <= budget for t in solved)
+    result = EvalResult(label, len(solved), len(trajs), low, high, within)
     mean = sum(t.total_reward for t in trajs) / max(1, len(trajs))
     run.log.metrics(
         step,

@@ -31,6 +31,9 @@ LEVELS = {
     "easy": {"size": 9, "max_turns": 30},
     "hard": {"size": 11, "max_turns": 46},
 }
+VISGYM_TURNS = {"easy": 20, "hard": 30}
+"""VisGym's turn budgets. No prompt names the budget, so a greedy episode's first N turns are the same under a
+budget of N: one solved within N turns is a success under VisGym's budget."""
 KEYWORDS = {name: action for action, name in ACTION_NAMES.items()}  # right/up/left/down/stop -> id
 
 FORMAT_INVALID = (
