@@ -150,3 +150,56 @@ def test_the_default_worker_count_fits_the_cores_and_the_memory(tmp_path, monkey
     assert default_workers(str(tmp_path / "missing")) == 14
     info.write_text("MemAvailable: 1 kB\n")
     assert default_workers(str(info)) == 1
+
+
+_KILLED_PARENT = """
+import json, sys, time
+from vlrl.envs.maze_curriculum import LevelPlan, level_config
+from vlrl.envs.maze_sft_farm import ExpertFarm
+from vlrl.train.run import Run
+
+run = Run(level_config(LevelPlan("5x5", 600, 0, overrides=tuple(sys.argv[2:])), sys.argv[1]))
+farm = ExpertFarm(run, 2)
+futures = [farm.submit(run.next_rows(2), seed, True, "SFT batch") for seed in (1, 2)]
+[farm.load(f) for f in futures]
+print(json.dumps({"workers": list(farm._pool._processes), "spool": farm._spool}), flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\tZ" not in next(line for line in f if line.startswith("State:"))  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_workers_exit_with_a_parent_killed_outright(tmp_path):
+    """SIGKILL (the out-of-memory killer, a command's hard limit) gives the parent no cleanup: its workers must
+    notice on their own, exit, and take the spool with them."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_PARENT, str(tmp_path), *CPU], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        started = json.loads(parent.stdout.readline())
+        workers = started["workers"]
+        assert len(workers) == 2 and all(_alive(pid) for pid in workers)
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline and any(_alive(pid) for pid in workers):
+            time.sleep(0.2)
+        assert not any(_alive(pid) for pid in workers), "a worker outlived its killed parent"
+        assert not os.path.exists(started["spool"])
+    finally:
+        for pid in filter(_alive, workers):  # a failed run leaves no orphans behind
+            os.kill(pid, signal.SIGKILL)

@@ -18,7 +18,8 @@ path without an engine, collates them with the run's :class:`~vlrl.train.batch.C
 pickling of ~1.5 GB of pixels per batch through a pipe). The spool lives in ``/dev/shm`` when it has room, else in
 the temp directory. Workers are spawned (not forked: the parent holds CUDA) and run torch on one thread each;
 spawning re-imports the launching script, so a script that fills the pool this way needs the
-``if __name__ == "__main__":`` guard (``benchmarks/maze_curriculum.py`` has it).
+``if __name__ == "__main__":`` guard (``benchmarks/maze_curriculum.py`` has it). A parent killed outright (SIGKILL, the
+out-of-memory killer) runs no cleanup, so each worker watches for it and then exits, removing the spool.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import dataclasses
 import os
 import shutil
 import tempfile
+import threading
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,8 @@ SPOOL_MIN_FREE = 16 << 30
 """``/dev/shm`` is used for the spool only with this much free (a batch of 64 hard episodes is ~3 GB)."""
 
 _WORKER: dict[str, Any] = {}  # the worker process's renderer and collate spec (set by _start)
+PARENT_POLL_S = 1.0
+"""How often a worker checks that the process that started it is still its parent."""
 
 
 WORKER_MEMORY = 12 << 30
@@ -78,7 +83,7 @@ class ExpertFarm:
             self.workers,
             mp_context=mp.get_context("spawn"),
             initializer=_start,
-            initargs=(str(run.model_dir), run.spec),
+            initargs=(str(run.model_dir), run.spec, self._spool),
         )
         self._n = 0
 
@@ -126,14 +131,25 @@ class _WorkerRun:
         return collate_trained(trajectories, _WORKER["spec"])
 
 
-def _start(model_dir: str, spec: Any) -> None:
+def _start(model_dir: str, spec: Any, spool: str) -> None:
     import torch
 
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(), spool), daemon=True, name="vlrl-farm-watch").start()
     torch.set_num_threads(1)  # one core per worker: N workers, N cores
     from vlrl.render.embedded import EmbeddedRenderer
 
     _WORKER["renderer"] = EmbeddedRenderer.from_pretrained(model_dir)
     _WORKER["spec"] = spec
+
+
+def _exit_with_parent(parent: int, spool: str) -> None:
+    """Exit once ``parent`` is gone (this process re-parented). A worker blocked on the pool's queues does not
+    notice its parent's death: before this, a CPU run's worker lived on asleep with 2.2 GB for 22 minutes after the
+    out-of-memory killer took the run."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    shutil.rmtree(spool, ignore_errors=True)
+    os._exit(1)
 
 
 def _build(rows: list, config: Any, seed: int, masked: bool, what: str, path: str) -> str:
