@@ -12,8 +12,9 @@ each episode's replies in a fresh env of the same seed and labels every turn:
 - ``stop_off_goal`` / ``unparsed``.
 
 Reports the share of ``ok`` turns, the first mistake's kind and turn in each episode that has one, how many solved
-episodes made a mistake and recovered, how many were solved within VisGym's turn budget
-(``vlrl.envs.maze_text.VISGYM_TURNS``; the small levels: their own), and the failed episodes' moves as letters
+episodes made a mistake and recovered, how many were solved within VisGym's number of turns
+(``vlrl.envs.maze_text.VISGYM_TURNS``, which says how that differs from a run under that budget; the small levels:
+their own), and the failed episodes' moves as letters
 (R U L D, S for stop). Appends the run to ``--out``; on CPU ~2.7 s an easy episode for the small model (273 s for 100).
 """
 

@@ -1,4 +1,4 @@
-"""The curriculum's eval also counts the episodes solved within VisGym's turn budget (``maze_text.VISGYM_TURNS``):
+"""The curriculum's eval also counts the episodes solved within VisGym's number of turns (``maze_text.VISGYM_TURNS``):
 vlrl's easy allows 30 turns, VisGym's harness 20, and the aim (easy >= 90 %) is stated against the latter."""
 
 from __future__ import annotations

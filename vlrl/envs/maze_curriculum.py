@@ -105,7 +105,7 @@ class EvalResult:
     high: float
     """The 95 % Wilson score interval of the success rate."""
     within_visgym: int | None = None
-    """Solved within VisGym's turn budget (``maze_text.VISGYM_TURNS``; None for the levels it lacks)."""
+    """Solved within VisGym's number of turns (``maze_text.VISGYM_TURNS``; None for the levels it lacks)."""
 
     @property
     def success(self) -> float:

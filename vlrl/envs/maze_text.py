@@ -32,8 +32,8 @@ LEVELS = {
     "hard": {"size": 11, "max_turns": 46},
 }
 VISGYM_TURNS = {"easy": 20, "hard": 30}
-"""VisGym's turn budgets. No prompt names the budget, so a greedy episode's first N turns are the same under a
-budget of N: one solved within N turns is a success under VisGym's budget."""
+"""VisGym's turn budgets. Solved within N turns of vlrl's budget is close to, not the same as, solved under a budget
+of N (``extras={"max_turns": N}``): the step counter tells the policy how many steps remain."""
 KEYWORDS = {name: action for action, name in ACTION_NAMES.items()}  # right/up/left/down/stop -> id
 
 FORMAT_INVALID = (
