@@ -1,6 +1,6 @@
 """Where a maze policy goes wrong: each greedy eval episode replayed move by move against the BFS expert's move.
 
-    python benchmarks/maze_errors.py WEIGHTS [--level easy] [--mazes 100] [--device cpu]
+    python benchmarks/maze_errors.py WEIGHTS [--level easy] [--mazes 100] [--device cpu] [--max-turns 20]
         [--out benchmarks/results/maze_errors_cpu.json]
 
 Runs the curriculum's own evaluation (``greedy_rollouts``) on the level's first ``--mazes`` eval mazes, then replays
@@ -60,6 +60,16 @@ def label_turns(env, replies: list[str]) -> tuple[str, list[str]]:
     return letters, labels
 
 
+def with_budget(rows: list, max_turns: int | None) -> list:
+    """``rows`` with their turn budget set (row extras ``max_turns``; the step counter then names it), or as they
+    are for None."""
+    import dataclasses
+
+    if max_turns is None:
+        return list(rows)
+    return [dataclasses.replace(r, extras={**r.extras, "max_turns": max_turns}) for r in rows]
+
+
 def summarise(episodes: list[dict], budget: int) -> dict:
     """The run's counts from per-episode ``{"solved", "moves", "labels"}``; ``budget``: the turns to count
     ``solved_within_budget`` against (``vlrl.envs.maze_text.VISGYM_TURNS``)."""
@@ -91,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--level", default="easy")
     ap.add_argument("--mazes", type=int, default=100)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--max-turns", type=int, default=None, help="the episodes' turn budget (default: the level's)")
     ap.add_argument("--out", default="benchmarks/results/maze_errors_cpu.json")
     args = ap.parse_args(argv)
 
@@ -105,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = weights_config(args.level, args.weights, args.device, "/tmp/maze_errors")
     run = Run(cfg)
     try:
-        rows = run.eval_rows[: args.mazes]
+        rows = with_budget(run.eval_rows[: args.mazes], args.max_turns)
         trajs = greedy_rollouts(run, rows)
     finally:
         run.close()

@@ -53,3 +53,17 @@ def test_the_experts_episode_is_all_ok_and_each_kind_of_mistake_is_named():
     assert summary["ok_share"] == 0.6 and summary["failed_moves"] == ["RLLL"]
     # the 4-turn solve is past a 3-turn budget: a success under vlrl's budget, not under VisGym's
     assert summary["solved_turns"] == {2: 1, 4: 1} and summary["solved_within_budget"] == 1
+
+
+def test_a_budget_set_on_the_rows_reaches_the_env_and_its_step_counter():
+    from vlrl.data.tickets import eval_seeds, make_rows
+
+    errors = _module()
+    rows = make_rows("maze2d/easy", eval_seeds(2), {"expert_noise": 0.1})
+    assert errors.with_budget(rows, None) == list(rows)
+    capped = errors.with_budget(rows, 20)
+    assert [r.extras for r in capped] == [{"expert_noise": 0.1, "max_turns": 20}] * 2
+    env = make_maze2d("easy", capped[0].extras, capped[0].seed)
+    messages, info = env.init()
+    assert env.max_turns == info["max_turns"] == 20
+    assert "allowed to take 19 more steps" in str(messages)  # the counter names the budget the policy plays under
