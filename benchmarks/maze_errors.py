@@ -12,10 +12,10 @@ each episode's replies in a fresh env of the same seed and labels every turn:
 - ``stop_off_goal`` / ``unparsed``.
 
 Reports the share of ``ok`` turns, the first mistake's kind and turn in each episode that has one, how many solved
-episodes made a mistake and recovered, how many were solved within VisGym's number of turns
+episodes made a mistake and recovered, how many were solved within ``--max-turns`` or else VisGym's number of turns
 (``vlrl.envs.maze_text.VISGYM_TURNS``, which says how that differs from a run under that budget; the small levels:
-their own), and the failed episodes' moves as letters
-(R U L D, S for stop). Appends the run to ``--out``; on CPU ~2.7 s an easy episode for the small model (273 s for 100).
+their own), and the failed episodes' moves as letters (R U L D, S for stop). Appends the run to ``--out``; on CPU
+~2.7 s an easy episode for the small model (273 s for 100).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         replies = [turn.text for turn in traj.turns]
         moves, labels = label_turns(make_maze2d(args.level, row.extras, row.seed), replies)
         episodes.append({"seed": row.seed, "solved": traj.total_reward > 0, "moves": moves, "labels": labels})
-    budget = VISGYM_TURNS.get(args.level, LEVELS[args.level]["max_turns"])
+    budget = args.max_turns or VISGYM_TURNS.get(args.level, LEVELS[args.level]["max_turns"])
     summary = summarise(episodes, budget)
     for key, value in summary.items():
         print(key, value, flush=True)
