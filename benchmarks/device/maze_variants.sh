@@ -2,7 +2,8 @@
 # Several maze-curriculum variants at once on the GPU host (benchmarks/maze_curriculum.py, one process each:
 # the tiny models leave the GPU mostly idle and each process renders on its own cores). Small result files
 # of every variant tarred under $OUT. Usage (device tool, carry [".whl"]):
-#   [SET=stats|open|align|reuse|grpo5|lr7|grpo7|grpo|fan_in|tile|next|first] [PLAN=level:sft_s:rl_s:pool] LIMIT=565 bash benchmarks/device/maze_variants.sh
+#   [SET=easy7|stats|open|align|reuse|grpo5|lr7|grpo7|grpo|fan_in|tile|next|first] [PLAN=level:sft_s:rl_s:pool]
+#   [PARTS=dir] [BACK=variant] LIMIT=565 bash benchmarks/device/maze_variants.sh
 # SET=first with PLAN=5x5:230:150:48 LIMIT=440 made benchmarks/results/maze_curriculum_h100/variants_5x5
 # (sft.rows_per_step=32, micro_batch_size=16 then); SET=tile (the default) with PLAN=5x5:390:120:12 LIMIT=565
 # made benchmarks/results/maze_curriculum_h100/tile_5x5 (at b420c5d, where the recipe drew 28 px tiles).
@@ -15,7 +16,20 @@ plan=${PLAN:-5x5:390:120:12}
 noise0='data.extras={"expert_noise":0.0}'
 small="--model small --set sft.lr=1e-3"
 declare -A V
-if [ "${SET:-tile}" = grpo5 ]; then  # GRPO over SFT at 5x5: SFT (tiny, fan-in) ends once 30 % of 32 training
+start=""  # PARTS=dir: the variants start from weights carried in as parts (weights_parts.py), unpacked once
+if [ -n "${PARTS:-}" ]; then
+  rm -rf /tmp/start && python3 benchmarks/device/weights_parts.py unpack "$PARTS" /tmp/start || exit 1
+  start="--weights /tmp/start"
+fi
+if [ "${SET:-tile}" = easy7 ]; then  # from PARTS (chain_v10's easy6): more SFT with the branch detours beside GRPO
+  # at two RL lrs, one loss per episode (seq_mean_token_mean), under VisGym's 20 turns (train and eval rows)
+  sft="$start --init fan_in --sft-warmup 10 --set sft.lr=1e-3 --set data.eval_rows=200 --mask-detours \
+--sft-fill processes --sft-builders 8 --set run.seed=8 --set data.train_rows=16384 \
+--set data.extras.expert_branch=0.15 --plan easy:${SFT_S:-430}:0:8:0"
+  rl="$start --init fan_in --set data.eval_rows=200 --set data.train_rows=16384 --set data.extras.max_turns=20 \
+--set algo.loss_agg=seq_mean_token_mean --set optim.warmup_steps=3 --plan easy:0:${RL_S:-430}:8:0"
+  V=([easy7]="$sft" [g1e-5]="$rl --set optim.lr=1e-5 --set run.seed=9" [g3e-5]="$rl --set optim.lr=3e-5 --set run.seed=10")
+elif [ "${SET}" = grpo5 ]; then  # GRPO over SFT at 5x5: SFT (tiny, fan-in) ends once 30 % of 32 training
   # mazes are solved greedily, then GRPO at two RL lrs (ramped over 5 steps), two at once
   common="--init fan_in --first-turns 40 --sft-warmup 10 --set sft.lr=1e-3 --mask-detours --model tiny \
 --plan 5x5:280:270:12 --sft-until ${UNTIL:-0.3} --set optim.warmup_steps=5"
@@ -77,7 +91,7 @@ else  # SET=next (never run): longer SFT, the vision lever with detours masked o
      [small_vis10_noise0]="$small --set optim.lr=1e-4 --set $noise0 $vis10"
      [small_vis30_mask]="$small --set optim.lr=1e-4 --sft-scale vision=30 --sft-scale merger=30 --mask-detours")
 fi
-threads=$((16 / ${#V[@]}))  # the host's 16 cores shared out: each process renders its own episodes
+threads=${THREADS:-$((16 / ${#V[@]}))}  # the host's 16 cores shared out: each process renders its own episodes
 for name in "${!V[@]}"; do
   p="--plan $plan"; [[ ${V[$name]} == *--plan* ]] && p=""  # a variant may bring its own plan
   OMP_NUM_THREADS=$threads timeout "${LIMIT:-470}" python3 benchmarks/maze_curriculum.py --out /tmp/mv/$name $p \
@@ -86,4 +100,8 @@ done
 wait
 for name in "${!V[@]}"; do echo "== $name"; grep -v -e "Loading weights" -e "Writing model" /tmp/mv_$name.log | tail -4; done
 (cd /tmp/mv && tar czf "$OUT/variants.tgz" --exclude weights --exclude tb --exclude checkpoints . /tmp/mv_*.log)
+if [ -n "${BACK:-}" ]; then  # BACK=name: that variant's weights packed into /tmp/wp, part.00-03 under $OUT
+  last=$(ls -d /tmp/mv/$BACK/*/weights | tail -1)
+  rm -rf /tmp/wp && python3 benchmarks/device/weights_parts.py pack "$last" /tmp/wp && cp /tmp/wp/part.0[0-3] "$OUT/"
+fi
 ls -la "$OUT"
