@@ -27,6 +27,7 @@ def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
     """``level:sft_seconds:rl_seconds[:sft_pool[:first_turn_seconds]]``, with the run-wide options of ``args``."""
     level, sft, rl, *rest = text.split(":")
     scale = tuple((k, float(v)) for k, v in (item.split("=") for item in args.sft_scale))
+    every, turns = args.takeover.split(":")
     return LevelPlan(
         level,
         float(sft),
@@ -47,6 +48,7 @@ def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
         first_start=args.first_start,
         sft_until=args.sft_until,
         probe_seconds=args.probe_seconds,
+        takeover=(int(every), int(turns)),
     )
 
 
@@ -85,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--image-stats", choices=["model", "maze"], default="model", help="that model's pixel stats")
     ap.add_argument("--sft-until", type=float, default=0.0, help="end SFT once probe success reaches this fraction")
     ap.add_argument("--probe-seconds", type=float, default=10.0, help="seconds between those probes")
+    ap.add_argument(
+        "--takeover",
+        default="0:12",
+        help="N:M, every N-th SFT step on takeover episodes: the policy plays up to M turns, then the expert (0: off)",
+    )
     ap.add_argument("--eval-every", type=int, default=0, help="also evaluate every N RL steps")
     ap.add_argument("--json", default=None, help="results file (default <out>/results.json)")
     args = ap.parse_args(argv)

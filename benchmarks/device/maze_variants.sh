@@ -2,7 +2,7 @@
 # Several maze-curriculum variants at once on the GPU host (benchmarks/maze_curriculum.py, one process each:
 # the tiny models leave the GPU mostly idle and each process renders on its own cores). Small result files
 # of every variant tarred under $OUT. Usage (device tool, carry [".whl"]):
-#   [SET=easy7|stats|open|align|reuse|grpo5|lr7|grpo7|grpo|fan_in|tile|next|first] [PLAN=level:sft_s:rl_s:pool]
+#   [SET=takeover|easy7|stats|open|align|reuse|grpo5|lr7|grpo7|grpo|fan_in|tile|next|first] [PLAN=level:sft_s:rl_s:pool]
 #   [PARTS=dir] [BACK=variant] LIMIT=565 bash benchmarks/device/maze_variants.sh
 # SET=first with PLAN=5x5:230:150:48 LIMIT=440 made benchmarks/results/maze_curriculum_h100/variants_5x5
 # (sft.rows_per_step=32, micro_batch_size=16 then); SET=tile (the default) with PLAN=5x5:390:120:12 LIMIT=565
@@ -22,13 +22,22 @@ if [ -n "${PARTS:-}" ]; then
   start="--weights /tmp/start"
 fi
 if [ "${SET:-tile}" = easy7 ]; then  # from PARTS (chain_v10's easy6): more SFT with the branch detours beside GRPO
-  # at two RL lrs, one loss per episode (seq_mean_token_mean), under VisGym's 20 turns (train and eval rows)
+  # at two RL lrs, one loss per episode (seq_mean_token_mean), under VisGym's 20 turns (train and eval rows).
+  # As run in chain_v11 the GRPO pair died of CUDA out-of-memory beside the SFT (81-105 GiB at micro-batches of
+  # 64); that SFT alone is what this set measured. The GRPO pair ran alone in the next call (chain_v11 COMMANDS.md).
   sft="$start --init fan_in --sft-warmup 10 --set sft.lr=1e-3 --set data.eval_rows=200 --mask-detours \
 --sft-fill processes --sft-builders 8 --set run.seed=8 --set data.train_rows=16384 \
 --set data.extras.expert_branch=0.15 --plan easy:${SFT_S:-430}:0:8:0"
   rl="$start --init fan_in --set data.eval_rows=200 --set data.train_rows=16384 --set data.extras.max_turns=20 \
 --set algo.loss_agg=seq_mean_token_mean --set optim.warmup_steps=3 --plan easy:0:${RL_S:-430}:8:0"
   V=([easy7]="$sft" [g1e-5]="$rl --set optim.lr=1e-5 --set run.seed=9" [g3e-5]="$rl --set optim.lr=3e-5 --set run.seed=10")
+elif [ "${SET}" = takeover ]; then  # (not yet run) from PARTS (chain_v11's easy7): item 19's SFT with takeover
+  # episodes every 4th step (the policy plays up to 12 turns, then the expert) against the same without them,
+  # side by side: micro-batches of 16 so that both fit the GPU, 7 builders each (docs/maze.md item 20)
+  common="$start --init fan_in --sft-warmup 10 --set sft.lr=1e-3 --set data.eval_rows=200 --mask-detours \
+--sft-fill processes --sft-builders 7 --set optim.micro_batch_size=16 --set run.seed=12 --set data.train_rows=16384 \
+--set data.extras.expert_branch=0.15 --plan easy:${SFT_S:-420}:0:8:0"
+  V=([takeover]="$common --takeover 4:12" [plain]="$common")
 elif [ "${SET}" = grpo5 ]; then  # GRPO over SFT at 5x5: SFT (tiny, fan-in) ends once 30 % of 32 training
   # mazes are solved greedily, then GRPO at two RL lrs (ramped over 5 steps), two at once
   common="--init fan_in --first-turns 40 --sft-warmup 10 --set sft.lr=1e-3 --mask-detours --model tiny \

@@ -203,3 +203,16 @@ def test_workers_exit_with_a_parent_killed_outright(tmp_path):
     finally:
         for pid in filter(_alive, workers):  # a failed run leaves no orphans behind
             os.kill(pid, signal.SIGKILL)
+
+
+def test_every_nth_step_trains_on_takeover_episodes_after_a_weight_sync(run, monkeypatch):
+    """``takeover=(2, 2)``: steps 1 and 3 get fresh takeover batches (never kept), each built after the engine
+    got the weights; steps 0 and 2 build the pool's expert batches; every batch draws its own rows."""
+    synced, real = [], run.sync_weights
+    monkeypatch.setattr(run, "sync_weights", lambda: synced.append(run.state.data_position) or real())
+    pool = SftPool(run, 2, masked=True, takeover=(2, 2))
+    got = [pool.batch(k, first=False) for k in range(4)]
+    assert pool.takeovers == 2 and synced == [2, 6]  # before the rows of steps 1 and 3 were drawn
+    assert pool.built[False] == 2 and pool.kept[False] == [got[0], got[2]]
+    assert run.state.data_position == 8 and len({id(b) for b in got}) == 4
+    assert pool.batch(4, first=True) is not None and pool.takeovers == 2  # first-turn steps: never takeover

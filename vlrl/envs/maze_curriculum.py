@@ -92,6 +92,9 @@ class LevelPlan:
     """Training mazes in the probe, drawn from the training stream when SFT starts (0 with ``sft_until`` 0)."""
     probe_seconds: float = 10.0
     """Seconds from one probe to the next (each probe is a greedy rollout of ``probe_rows`` episodes)."""
+    takeover: tuple[int, int] = (0, 12)
+    """(N, M): every N-th SFT step (N > 0) trains on takeover episodes built here, the policy playing up to M turns
+    before the expert (:func:`vlrl.envs.maze_sft_data.takeover_episodes`); 0: expert episodes only."""
 
 
 @dataclass(frozen=True)
@@ -172,18 +175,8 @@ def evaluate(run, step: int, label: str, keep: int = 4) -> EvalResult:
     within = None if budget is None else sum(len(t.turns) <= budget for t in solved)
     result = EvalResult(label, len(solved), len(trajs), low, high, within)
     mean = sum(t.total_reward for t in trajs) / max(1, len(trajs))
-    run.log.metrics(
-        step,
-        "eval",
-        {
-            "eval_reward_mean": mean,
-            "eval_success": result.success,
-            "label": label,
-            "eval_episodes": len(trajs),
-            "success_low": low,
-            "success_high": high,
-        },
-    )
+    stats = {"eval_reward_mean": mean, "eval_success": result.success, "label": label}
+    run.log.metrics(step, "eval", stats | {"eval_episodes": len(trajs), "success_low": low, "success_high": high})
     half = keep // 2
     shown = solved[: max(half, keep - len(failed))] + failed[: max(half, keep - len(solved))]
     write_jsonl(shown[:keep], run.log.dir / "samples" / f"step_{step:06d}.jsonl")
@@ -228,6 +221,7 @@ def sft_phase(run, deadline: float, plan: LevelPlan) -> tuple[int, int]:
         deadline=deadline,
         builders=plan.sft_builders,
         first_start=plan.first_start,
+        takeover=plan.takeover,
     )
     probe = run.next_rows(plan.probe_rows) if plan.sft_until else []
     k, last, t0, probed = 0, 0.0, time.time(), time.time()
@@ -246,6 +240,7 @@ def sft_phase(run, deadline: float, plan: LevelPlan) -> tuple[int, int]:
             k += 1
             run.state.sft_step = k
             extra = {"sft_episodes": pool.built[False] * cfg.sft.rows_per_step, "first_turns": float(first)}
+            extra["takeovers"] = float(pool.takeovers)
             run.log.metrics(k, "sft", values | extra | {"lr_factor": decay})
             last = time.time() - t
     finally:
@@ -377,6 +372,7 @@ def _plan_row(plan: LevelPlan, run) -> dict[str, Any]:
         "mask_detours": plan.mask_detours,
         "sft_pool": plan.sft_pool,
         "sft_until": plan.sft_until,
+        "takeover": list(plan.takeover),
     }
 
 

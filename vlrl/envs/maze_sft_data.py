@@ -5,11 +5,19 @@ then and comes back. Trained on as they are, the detours teach the policy to mak
 policy inherits about ``expert_noise`` of random moves, which GRPO then has to undo); masked, the
 policy still sees the mistake and the wall feedback in its context and learns only the way back
 (DART-style noise injection with the noise turns out of the loss).
+
+Takeover episodes (:func:`takeover_episodes`) put the policy's own mistakes in the history instead: the policy
+(the run's engine, greedy) plays the first k turns of an episode, k drawn per row from 0 to ``turns``, then the
+expert plays on from wherever that left the agent (DAgger-style: the states the policy reaches, labelled by the
+expert). The policy's turns stay in the history but out of the loss, as detours do. Why: at easy the policy's
+failures go down a wrong branch, come back, and take the same branch again (docs/maze.md item 19); the
+expert's own detours are random branches, where these are the branches the policy believes in.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -25,6 +33,27 @@ class DetourRecorder:
 
         flags = self.detours.setdefault(row.get("seed"), [])
         flags.clear()
+        for text, detour in expert_turns(env, row):
+            flags.append(detour)
+            yield text
+
+
+class TakeoverRecorder(DetourRecorder):
+    """A rollout ``script``: ``None`` (the engine plays) for the first k turns, k drawn per row seed from 0 to
+    ``turns``, then the maze expert's turns; the engine's turns are recorded as detours."""
+
+    def __init__(self, turns: int) -> None:
+        super().__init__()
+        self.turns = turns
+
+    def __call__(self, env: Any, row: Mapping[str, Any]) -> Iterator[str | None]:  # type: ignore[override]
+        from vlrl.envs.maze_text import expert_turns
+
+        flags = self.detours.setdefault(row.get("seed"), [])
+        flags.clear()
+        for _ in range(random.Random(f"maze2d-takeover/{row.get('seed')}").randint(0, self.turns)):
+            flags.append(True)
+            yield None
         for text, detour in expert_turns(env, row):
             flags.append(detour)
             yield text
@@ -51,8 +80,16 @@ def expert_episodes(run: Any, rows: Sequence[Any], seed: int, *, masked: bool) -
     trajs = run.rollout(rows, seed=seed, repeats=1, script=recorder)
     if not masked:
         return trajs
-    return mask_detours(
-        trajs,
-        [getattr(r, "seed", None) if not isinstance(r, Mapping) else r.get("seed") for r in rows],
-        recorder.detours,
-    )
+    return mask_detours(trajs, [_seed(r) for r in rows], recorder.detours)
+
+
+def takeover_episodes(run: Any, rows: Sequence[Any], seed: int, *, turns: int) -> list[Any]:
+    """One SFT batch of takeover episodes of ``rows`` (module docstring) through ``run.rollout``, the policy's
+    turns greedy (``rollout.eval_temperature``: the states the eval reaches) and out of the loss."""
+    recorder = TakeoverRecorder(turns)
+    trajs = run.rollout(rows, seed=seed, repeats=1, script=recorder, temperature=run.cfg.rollout.eval_temperature)
+    return mask_detours(trajs, [_seed(r) for r in rows], recorder.detours)
+
+
+def _seed(row: Any) -> Any:
+    return row.get("seed") if isinstance(row, Mapping) else getattr(row, "seed", None)

@@ -16,6 +16,9 @@ conversation, on the CPU) costs far more than an update of the curriculum's smal
   (:class:`vlrl.envs.maze_sft_farm.ExpertFarm`): no GIL shared with the steps, and as many batches at a time as
   there are workers.
 
+- ``takeover=(N, M)``, N > 0: every N-th whole-episode step trains on a batch of takeover episodes instead, built
+  by the step itself with the run's engine after a weight sync (the policy plays up to M turns, then the expert:
+  :func:`vlrl.envs.maze_sft_data.takeover_episodes`). Never kept: the policy changes every step.
 The two filled while steps train need a single-process run: a sharded run's rollouts broadcast across ranks, which
 a builder of one rank cannot do.
 
@@ -36,6 +39,8 @@ if TYPE_CHECKING:
     from vlrl.envs.maze2d import Start
 
 PoolFill = Literal["first", "background", "processes"]
+TAKEOVER_SEED = 20_000_003
+"""Plus the step: the takeover episodes' rollout seed (their policy turns are greedy; the seed only names them)."""
 
 
 class SftPool:
@@ -51,6 +56,7 @@ class SftPool:
         deadline: float = float("inf"),
         builders: int = 0,
         first_start: Start = "corner",
+        takeover: tuple[int, int] = (0, 0),
     ):
         from vlrl.envs.maze_curriculum import first_turn_row
         from vlrl.envs.maze_sft_farm import ExpertFarm, default_workers
@@ -66,6 +72,7 @@ class SftPool:
         self._inflight: list[tuple[bool, float, Future]] = []  # (kind, submitted at, future), oldest first
         self._credit = self.parallel  # batches that may start: one more per step, at most a builder each
         self._build_s = 0.0  # the last batch's build time
+        self.takeover, self.takeovers = takeover, 0  # (every N-th step, up to M policy turns), batches built
 
     @property
     def parallel(self) -> int:
@@ -74,6 +81,9 @@ class SftPool:
 
     def batch(self, step: int, first: bool):
         """The batch SFT step ``step`` trains on (``first``: rows cut to their first turn)."""
+        every, turns = self.takeover
+        if every > 0 and not first and (step + 1) % every == 0:
+            return self._takeover_batch(step, turns)
         kept = self.kept[first]
         if not self.parallel:
             if len(kept) < self.size:
@@ -115,6 +125,15 @@ class SftPool:
         batch = require_batch(self.run, trajs, self._what(first))
         self._build_s = time.time() - t
         return batch
+
+    def _takeover_batch(self, step: int, turns: int):
+        from vlrl.envs.maze_sft_data import takeover_episodes
+        from vlrl.train.loop import require_batch
+
+        self.run.sync_weights()  # the engine plays the policy as it is now
+        self.takeovers += 1
+        trajs = takeover_episodes(self.run, self._rows(False), TAKEOVER_SEED + step, turns=turns)
+        return require_batch(self.run, trajs, f"takeover batch {self.takeovers}")
 
     def _keep(self, first: bool, batch) -> None:
         kept = self.kept[first]

@@ -25,9 +25,10 @@ from vlrl.rollout.scripted import Scorer, ScriptedPolicy
 from vlrl.rollout.splice import refuse_history_rewrites
 from vlrl.rollout.types import Trajectory
 
-Script = Callable[[Any, Mapping[str, Any]], Iterable[str]]
+Script = Callable[[Any, Mapping[str, Any]], Iterable[str | None]]
 """``(env after init, row) -> assistant texts`` (an iterable, read turn by turn, so an expert may
-look at the env as the episode goes): a scripted episode instead of sampling."""
+look at the env as the episode goes): a scripted episode instead of sampling. A ``None`` text lets the
+engine play that turn."""
 
 NO_ENGINE = "this RolloutGenerator has no engine: it plays scripted episodes only (run(rows, script=...))"
 
@@ -140,7 +141,9 @@ class RolloutGenerator:
                 return [self._failed(group, repeat, row, f"env.init raised {type(exc).__name__}: {exc}")]
             policy: Policy
             if script is not None:
-                policy = ScriptedPolicy(script(env, row), self.tokenizer, max_context=self.max_context, scorer=scorer)
+                policy = ScriptedPolicy(
+                    script(env, row), self.tokenizer, max_context=self.max_context, scorer=scorer, fallback=self.engine
+                )
             elif self.engine is not None:
                 policy = self.engine
             else:  # arun refuses this before any episode starts

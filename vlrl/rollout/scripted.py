@@ -5,6 +5,8 @@ golden files, whose actions must be readable and stable. The texts are tokenised
 checkpoint's tokenizer and end with ``<|im_end|>`` unless a stop string, ``max_tokens`` or the
 context ends them first — the same rules the engines apply. Logprobs are NaN unless a ``scorer``
 is given (NaN, not 0: a scripted trajectory fed to a policy-gradient loss by mistake fails loudly).
+A ``None`` in the script hands that turn to ``fallback`` (the rollout's engine): the policy plays it, and the
+script may go on from whatever state that left (the maze's takeover episodes, ``vlrl.envs.maze_sft_data``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from vlrl.engines.types import FinishReason, Generation, SamplingParams
 from vlrl.errors import VlrlError
 from vlrl.render.types import RenderedPrompt
+from vlrl.rollout.episode import Policy
 
 Scorer = Callable[[RenderedPrompt, Sequence[int], float], Sequence[float]]
 """``(prompt, token_ids, temperature) -> logprobs`` under the engine logprob contract."""
@@ -36,11 +39,20 @@ def _apply_stop(text: str, params: SamplingParams) -> tuple[str, str | None]:
 class ScriptedPolicy:
     """``agenerate(prompt, params)`` returning the next scripted text as a :class:`Generation`."""
 
-    def __init__(self, texts: Iterable[str], tokenizer, *, max_context: int, scorer: Scorer | None = None):
-        self._texts: Iterator[str] = iter(texts)  # lazy: an expert may read the env as the episode goes
+    def __init__(
+        self,
+        texts: Iterable[str | None],
+        tokenizer,
+        *,
+        max_context: int,
+        scorer: Scorer | None = None,
+        fallback: Policy | None = None,
+    ):
+        self._texts: Iterator[str | None] = iter(texts)  # lazy: an expert may read the env as the episode goes
         self.tokenizer = tokenizer
         self.max_context = max_context
         self.scorer = scorer
+        self.fallback = fallback
         self.eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     def generation(self, prompt: RenderedPrompt, params: SamplingParams, text: str) -> Generation:
@@ -73,4 +85,8 @@ class ScriptedPolicy:
             text = next(self._texts)
         except StopIteration:
             raise ScriptExhaustedError("the scripted episode ran out of assistant texts") from None
+        if text is None:
+            if self.fallback is None:
+                raise VlrlError("the script handed a turn to the engine, but this rollout has no engine")
+            return await self.fallback.agenerate(prompt, params)
         return self.generation(prompt, params, text)
