@@ -15,10 +15,10 @@ conversation, on the CPU) costs far more than an update of the curriculum's smal
 - ``fill="processes"``: the same sliding window, filled by ``builders`` worker processes at once
   (:class:`vlrl.envs.maze_sft_farm.ExpertFarm`): no GIL shared with the steps, and as many batches at a time as
   there are workers.
-
 - ``takeover=(N, M)``, N > 0: every N-th whole-episode step trains on a batch of takeover episodes instead, built
   by the step itself with the run's engine after a weight sync (the policy plays up to M turns, then the expert:
   :func:`vlrl.envs.maze_sft_data.takeover_episodes`). Never kept: the policy changes every step.
+
 The two filled while steps train need a single-process run: a sharded run's rollouts broadcast across ranks, which
 a builder of one rank cannot do.
 
