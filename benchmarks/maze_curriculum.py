@@ -23,11 +23,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from vlrl.envs.maze_curriculum import LevelPlan, train_level, write_results
 
 
+def takeover_arg(text: str) -> tuple[int, int]:
+    """``--takeover N:M`` as ``(N, M)``, two integers >= 0."""
+    every, _, turns = text.partition(":")
+    if not (every.isdigit() and turns.isdigit()):
+        raise argparse.ArgumentTypeError(f"expected N:M, two integers >= 0 (e.g. 4:12), got {text!r}")
+    return int(every), int(turns)
+
+
 def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
     """``level:sft_seconds:rl_seconds[:sft_pool[:first_turn_seconds]]``, with the run-wide options of ``args``."""
     level, sft, rl, *rest = text.split(":")
     scale = tuple((k, float(v)) for k, v in (item.split("=") for item in args.sft_scale))
-    every, turns = args.takeover.split(":")
     return LevelPlan(
         level,
         float(sft),
@@ -48,7 +55,7 @@ def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
         first_start=args.first_start,
         sft_until=args.sft_until,
         probe_seconds=args.probe_seconds,
-        takeover=(int(every), int(turns)),
+        takeover=args.takeover,
     )
 
 
@@ -89,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probe-seconds", type=float, default=10.0, help="seconds between those probes")
     ap.add_argument(
         "--takeover",
-        default="0:12",
+        type=takeover_arg,
+        default=(0, 12),
         help="N:M, every N-th SFT step on takeover episodes: the policy plays up to M turns, then the expert (0: off)",
     )
     ap.add_argument("--eval-every", type=int, default=0, help="also evaluate every N RL steps")
