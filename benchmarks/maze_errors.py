@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -63,8 +64,6 @@ def label_turns(env, replies: list[str]) -> tuple[str, list[str]]:
 def with_budget(rows: list, max_turns: int | None) -> list:
     """``rows`` with their turn budget set (row extras ``max_turns``; the step counter then names it), or as they
     are for None."""
-    import dataclasses
-
     if max_turns is None:
         return list(rows)
     return [dataclasses.replace(r, extras={**r.extras, "max_turns": max_turns}) for r in rows]

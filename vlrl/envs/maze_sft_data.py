@@ -23,40 +23,37 @@ from typing import Any
 
 
 class DetourRecorder:
-    """A rollout ``script`` (the maze expert) that records, per row seed, which of its turns were detours."""
+    """A rollout ``script`` (the maze expert) that records, per row seed, which of its turns were detours. The
+    first :meth:`policy_turns` turns (none here) are handed to the engine (``None``) and recorded as detours."""
 
     def __init__(self) -> None:
         self.detours: dict[Any, list[bool]] = {}
 
-    def __call__(self, env: Any, row: Mapping[str, Any]) -> Iterator[str]:
+    def policy_turns(self, row: Mapping[str, Any]) -> int:
+        return 0
+
+    def __call__(self, env: Any, row: Mapping[str, Any]) -> Iterator[str | None]:
         from vlrl.envs.maze_text import expert_turns
 
         flags = self.detours.setdefault(row.get("seed"), [])
         flags.clear()
+        for _ in range(self.policy_turns(row)):
+            flags.append(True)
+            yield None
         for text, detour in expert_turns(env, row):
             flags.append(detour)
             yield text
 
 
 class TakeoverRecorder(DetourRecorder):
-    """A rollout ``script``: ``None`` (the engine plays) for the first k turns, k drawn per row seed from 0 to
-    ``turns``, then the maze expert's turns; the engine's turns are recorded as detours."""
+    """:class:`DetourRecorder` whose engine plays the first k turns, k drawn per row seed from 0 to ``turns``."""
 
     def __init__(self, turns: int) -> None:
         super().__init__()
         self.turns = turns
 
-    def __call__(self, env: Any, row: Mapping[str, Any]) -> Iterator[str | None]:  # type: ignore[override]
-        from vlrl.envs.maze_text import expert_turns
-
-        flags = self.detours.setdefault(row.get("seed"), [])
-        flags.clear()
-        for _ in range(random.Random(f"maze2d-takeover/{row.get('seed')}").randint(0, self.turns)):
-            flags.append(True)
-            yield None
-        for text, detour in expert_turns(env, row):
-            flags.append(detour)
-            yield text
+    def policy_turns(self, row: Mapping[str, Any]) -> int:
+        return random.Random(f"maze2d-takeover/{row.get('seed')}").randint(0, self.turns)
 
 
 def mask_detours(trajs: Sequence[Any], seeds: Sequence[Any], detours: Mapping[Any, list[bool]]) -> list[Any]:
