@@ -216,3 +216,32 @@ def test_every_nth_step_trains_on_takeover_episodes_after_a_weight_sync(run, mon
     assert pool.built[False] == 2 and pool.kept[False] == [got[0], got[2]]
     assert run.state.data_position == 8 and len({id(b) for b in got}) == 4
     assert pool.batch(4, first=True) is not None and pool.takeovers == 2  # first-turn steps: never takeover
+
+
+def test_filled_by_processes_a_worker_renders_the_takeover_batch_a_later_step_trains_on(run, monkeypatch):
+    """``takeover=(2, 2)`` with a worker: step 1 syncs the weights and plays the policy's turns here, a worker
+    renders the episodes, and the first step after they are done trains on them (never kept). The batch is the
+    in-process build of the same rows and seed, token for token (the weights unchanged)."""
+    from vlrl.envs.maze_sft_data import takeover_episodes, takeover_turns
+    from vlrl.envs.maze_sft_pool import TAKEOVER_SEED
+
+    synced, real = [], run.sync_weights
+    monkeypatch.setattr(run, "sync_weights", lambda: synced.append(run.state.data_position) or real())
+    pool = SftPool(run, 2, masked=True, fill="processes", builders=1, takeover=(2, 2))
+    try:
+        got = [pool.batch(0, first=False), pool.batch(1, first=False)]
+        assert synced == [2] and pool.takeovers == 0  # step 1 trained on a pool batch: the worker had just begun
+        t = time.time()
+        while not pool.takeovers and time.time() - t < 120:
+            got.append(pool.batch(len(got), first=False))
+            time.sleep(0.3)
+        assert pool.takeovers == 1 and pool.takeover_s > 0
+        theirs = got[-1]
+        assert all(theirs is not b for b in pool.kept[False])
+    finally:
+        pool.close()
+    rows = run.train_rows[synced[0] : synced[0] + 2]
+    assert any(takeover_turns(r.seed, 2) for r in rows)  # the policy plays turns here
+    mine = run.collate(takeover_episodes(run, rows, TAKEOVER_SEED + 1, turns=2))
+    for field in ("input_ids", "attention_mask", "loss_mask", "pixel_values", "turn_index"):
+        assert torch.equal(getattr(mine, field), getattr(theirs, field)), field

@@ -1,17 +1,17 @@
 """Takeover episodes (``vlrl.envs.maze_sft_data``): the policy plays an episode's first turns, the maze expert
-plays on from where that left the agent; the policy's turns stay in the history and out of the SFT loss."""
+plays on from where that left the agent; the policy's turns stay in the history and out of the SFT loss. Built in
+two phases: the policy's turns on the engine, then the whole episode as an expert episode replaying them first."""
 
 from __future__ import annotations
 
 import asyncio
-import math
 from types import SimpleNamespace
 
 import pytest
 
 from vlrl.data.tickets import make_rows
 from vlrl.envs.maze2d import DELTAS
-from vlrl.envs.maze_sft_data import TakeoverRecorder, takeover_episodes
+from vlrl.envs.maze_sft_data import DetourRecorder, policy_prefixes, takeover_episodes, takeover_turns
 from vlrl.envs.maze_solver import expert_actions
 from vlrl.envs.maze_text import action_text, make_maze2d
 from vlrl.errors import VlrlError
@@ -23,60 +23,90 @@ class _Run:
     def __init__(self, bundle):
         self.bundle = bundle
         self.cfg = SimpleNamespace(rollout=SimpleNamespace(eval_temperature=0.0))
+        self.max_turns: list[int | None] = []
 
-    def rollout(self, rows, *, seed, repeats, script, temperature):
+    def rollout(self, rows, *, seed, repeats, script=None, temperature=0.0, max_turns=None):
         from vlrl.engines.types import SamplingParams
         from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
 
+        self.max_turns.append(max_turns)
         sampling = SamplingParams(temperature=temperature, max_tokens=12, stop=("</action>",))
-        config = RolloutConfig(sampling=sampling, repeats=repeats, seed=seed, progress=False)
+        config = RolloutConfig(sampling=sampling, repeats=repeats, seed=seed, max_turns=max_turns, progress=False)
         return RolloutGenerator(self.bundle.renderer, self.bundle.engine, config).run(rows, script=script)
 
 
-def test_the_engine_plays_the_first_turns_out_of_the_loss_and_the_expert_the_rest(tiny):
-    """Per episode, the turns with the engine's (finite) logprobs come first, up to 4 of them, and have no loss
-    tokens; the scripted turns after them (NaN logprobs) are the expert's, in the loss, and reach the goal."""
+def test_the_policys_turns_come_first_out_of_the_loss_and_the_expert_plays_the_rest(tiny):
+    """Per episode the first k turns are the texts the engine played greedily (k drawn per row, at most 4), with no
+    loss tokens; the expert's turns after them are in the loss and reach the goal."""
     rows = make_rows("maze2d/7x7", list(range(10)), {})
-    trajs = takeover_episodes(_Run(tiny("qwen2_5_vl")), rows, 0, turns=4)
+    run = _Run(tiny("qwen2_5_vl"))
+    prefixes = policy_prefixes(run, rows, 0, turns=4)
+    drawn = {r.seed: k for r in rows if (k := takeover_turns(r.seed, 4))}
+    assert run.max_turns == [tuple(k + 1 for k in drawn.values())]  # each row's k, and the turn left to the expert
+    assert {s: len(p) for s, p in prefixes.items()} == drawn  # the tiny policy ends no episode that soon
+    trajs = takeover_episodes(run, rows, 0, turns=4)
     played = []
     for t in trajs:
-        base = len(t.prompt_ids)
+        base, texts = len(t.prompt_ids), prefixes.get(rows[t.group].seed, ())
         spans = [slice(s.gen_start - base, s.gen_end - base) for s in t.turns]
-        engine = [not any(math.isnan(x) for x in t.logprobs[g]) for g in spans]
-        n = engine.count(True)
-        assert engine == [True] * n + [False] * (len(engine) - n), engine  # the policy's turns come first
-        for g, by_engine in zip(spans, engine, strict=True):
-            assert (sum(t.loss_mask[g]) == 0) == by_engine
+        assert [s.text for s in t.turns[: len(texts)]] == list(texts)  # the engine's texts, replayed
+        for j, g in enumerate(spans):
+            assert (sum(t.loss_mask[g]) == 0) == (j < len(texts))
         assert t.total_reward == 1.0, t.turns[-1].text  # the expert finished from wherever the policy left it
-        played.append(n)
-    assert min(played) == 0 and 0 < max(played) <= 4, played  # k drawn per row from 0 to 4
+        played.append(len(texts))
+    assert min(played) == 0 and 0 < max(played) <= 4, played
 
 
-def test_the_expert_plays_on_from_the_state_the_policy_left():
-    """Driven by hand (a real move at each ``None``), the recorder's expert turns are the BFS path from where those
-    moves took the agent, and its flags mark the policy's turns."""
-    recorder = TakeoverRecorder(turns=6)
+def test_an_episode_the_policy_ends_leaves_its_last_turn_to_the_expert():
+    """A policy that ends every episode on its second turn: rows drawn k >= 2 replay one turn, not two."""
+
+    class Ends:
+        cfg = SimpleNamespace(rollout=SimpleNamespace(eval_temperature=0.0))
+
+        def rollout(self, rows, *, seed, repeats, temperature, max_turns):
+            turns = (SimpleNamespace(text="<action>up</action>"), SimpleNamespace(text="<action>stop</action>"))
+            return [SimpleNamespace(group=g, turns=turns) for g in range(len(rows))]
+
+    rows = [{"seed": s} for s in range(40)]
+    got = policy_prefixes(Ends(), rows, 0, turns=6)
+    want = {s: min(takeover_turns(s, 6), 1) for s in range(40) if takeover_turns(s, 6)}
+    assert {s: len(p) for s, p in got.items()} == want and set(want.values()) == {1}
+    assert all(p == ("<action>up</action>",) for p in got.values())
+
+
+def test_the_expert_plays_on_from_the_state_the_prefix_left():
+    """Replaying prefix moves (the first open way in action order, worked out on a copy of the maze), the
+    recorder's expert turns are the BFS path from where those moves took the agent; its flags mark the prefix."""
+    prefixes = {}
+    for seed in range(8):
+        env = make_maze2d("easy", {}, seed)
+        env.init()
+        game, moves = env.gym_env.unwrapped, []
+        for _ in range(seed % 4):
+            r, c = game.agent
+            moves.append(
+                action_text(next(a for a, (dr, dc) in DELTAS.items() if game.maze_map[r + dr, c + dc] == 0), "keyword")
+            )
+            env.step(moves[-1])
+        prefixes[seed] = tuple(moves)
+    recorder = DetourRecorder(prefixes)
     for seed in range(8):
         row = {"seed": seed, "extras": {}}
         env = make_maze2d("easy", {}, seed)
         env.init()
         game = env.gym_env.unwrapped
-        script, texts, policy_turns = recorder(env, row), [], 0
-        for text in script:
-            if text is None:  # the policy's turn: a move onto floor, the first open way in action order
-                r, c = game.agent
-                move = next(a for a, (dr, dc) in DELTAS.items() if game.maze_map[r + dr, c + dc] == 0)
-                env.step(action_text(move, "keyword"))
-                policy_turns += 1
-                continue
-            if not texts:  # the expert's first turn: the BFS path from here, then stop
+        texts, want = [], []
+        for j, text in enumerate(recorder(env, row)):
+            if j == len(prefixes[seed]):  # the expert's first turn: the BFS path from here, then stop
                 want = [action_text(a, "keyword") for a in expert_actions(game.maze_map, game.agent, game.target)]
-            texts.append(text)
+            if j >= len(prefixes[seed]):
+                texts.append(text)
+            else:
+                assert text == prefixes[seed][j]
             if env.step(text).done:
                 break
-        assert texts == want[: len(texts)] and len(texts) == len(want), (seed, texts, want)
-        assert recorder.detours[seed] == [True] * policy_turns + [False] * len(texts)
-    assert any(recorder.detours[s][0] for s in range(8)) and not all(recorder.detours[s][0] for s in range(8))
+        assert texts == want and want, (seed, texts, want)
+        assert recorder.detours[seed] == [True] * len(prefixes[seed]) + [False] * len(texts)
 
 
 def test_a_script_that_hands_a_turn_to_no_engine_is_an_error(tiny):

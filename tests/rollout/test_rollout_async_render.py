@@ -50,3 +50,18 @@ def test_concurrent_episodes_render_concurrently():
     assert len(trajectories) == 4
     assert renderer.calls >= 8  # every first observation and every re-render went through arender
     assert renderer.most_in_flight >= 2, "episodes waited on each other's renders"
+
+
+def test_a_turn_cap_per_row_ends_each_episode_at_its_own():
+    """``max_turns`` as a tuple caps each row's episode at its own count (within the env's budget); an int caps
+    them all. The expert would walk on: every cut episode ends ``max_turns``."""
+    renderer = EmbeddedRenderer.from_pretrained(cached_model_dir("qwen2_5_vl", "tiny"))
+    rows = make_rows("maze2d/easy", train_seeds(3, 0), {})
+    for caps, want in (((1, 3, 2), [1, 3, 2]), (2, [2, 2, 2])):
+        config = RolloutConfig(
+            sampling=SamplingParams(max_tokens=16), max_turns=caps, seed=0, progress=False, max_context=8192
+        )
+        gen = RolloutGenerator(renderer, None, config, tokenizer=renderer.tokenizer)
+        trajectories = gen.run(rows, script=expert_for("maze2d"))
+        assert [len(t.turns) for t in trajectories] == want
+        assert {t.stop_reason for t in trajectories} == {"max_turns"}

@@ -93,8 +93,8 @@ class LevelPlan:
     probe_seconds: float = 10.0
     """Seconds from one probe to the next (each probe is a greedy rollout of ``probe_rows`` episodes)."""
     takeover: tuple[int, int] = (0, 12)
-    """(N, M): every N-th SFT step (N > 0) trains on takeover episodes built here, the policy playing up to M turns
-    before the expert (:func:`vlrl.envs.maze_sft_data.takeover_episodes`); 0: expert episodes only."""
+    """(N, M): every N-th SFT step (N > 0) starts a batch of takeover episodes, the policy playing up to M turns
+    before the expert (:mod:`vlrl.envs.maze_sft_pool`); 0: expert episodes only."""
 
 
 @dataclass(frozen=True)
@@ -240,7 +240,7 @@ def sft_phase(run, deadline: float, plan: LevelPlan) -> tuple[int, int]:
             k += 1
             run.state.sft_step = k
             extra = {"sft_episodes": pool.built[False] * cfg.sft.rows_per_step, "first_turns": float(first)}
-            extra["takeovers"] = float(pool.takeovers)
+            extra |= {"takeovers": float(pool.takeovers), "takeover_s": pool.takeover_s}
             run.log.metrics(k, "sft", values | extra | {"lr_factor": decay})
             last = time.time() - t
     finally:

@@ -12,6 +12,13 @@ expert plays on from wherever that left the agent (DAgger-style: the states the 
 expert). The policy's turns stay in the history but out of the loss, as detours do. Why: at easy the policy's
 failures go down a wrong branch, come back, and take the same branch again (docs/maze.md item 19); the
 expert's own detours are random branches, where these are the branches the policy believes in.
+
+Two phases: the policy's turns on the engine, batched (:func:`policy_prefixes`), then the whole episode rendered
+as an expert episode that replays those texts first (:func:`expert_episodes` with ``prefixes``), so the expert
+farm's workers (``vlrl.envs.maze_sft_farm``) can build it. Why: rendered in the training process, every turn of
+64 episodes one after another, a takeover batch cost ~30 s on the H200 against ~3 s for a step on a farm batch
+(chain_v12). The replayed turns are the policy's texts re-tokenised, out of the loss: context, not training
+targets (they match the engine's ids unless it sampled a non-canonical tokenisation).
 """
 
 from __future__ import annotations
@@ -23,37 +30,53 @@ from typing import Any
 
 
 class DetourRecorder:
-    """A rollout ``script`` (the maze expert) that records, per row seed, which of its turns were detours. The
-    first :meth:`policy_turns` turns (none here) are handed to the engine (``None``) and recorded as detours."""
+    """A rollout ``script`` (the maze expert) that records, per row seed, which of its turns were detours.
 
-    def __init__(self) -> None:
+    ``prefixes``: per row seed, the texts of turns played first by someone else (the policy's, for takeover
+    episodes), replayed as they are before the expert plays on and recorded as detours."""
+
+    def __init__(self, prefixes: Mapping[Any, Sequence[str]] | None = None) -> None:
         self.detours: dict[Any, list[bool]] = {}
+        self.prefixes = dict(prefixes or {})
 
-    def policy_turns(self, row: Mapping[str, Any]) -> int:
-        return 0
-
-    def __call__(self, env: Any, row: Mapping[str, Any]) -> Iterator[str | None]:
+    def __call__(self, env: Any, row: Mapping[str, Any]) -> Iterator[str]:
         from vlrl.envs.maze_text import expert_turns
 
         flags = self.detours.setdefault(row.get("seed"), [])
         flags.clear()
-        for _ in range(self.policy_turns(row)):
+        for text in self.prefixes.get(row.get("seed"), ()):
             flags.append(True)
-            yield None
+            yield text
         for text, detour in expert_turns(env, row):
             flags.append(detour)
             yield text
 
 
-class TakeoverRecorder(DetourRecorder):
-    """:class:`DetourRecorder` whose engine plays the first k turns, k drawn per row seed from 0 to ``turns``."""
+def takeover_turns(seed: Any, turns: int) -> int:
+    """How many turns the policy plays first on the row of ``seed``: drawn from 0 to ``turns``."""
+    return random.Random(f"maze2d-takeover/{seed}").randint(0, turns)
 
-    def __init__(self, turns: int) -> None:
-        super().__init__()
-        self.turns = turns
 
-    def policy_turns(self, row: Mapping[str, Any]) -> int:
-        return random.Random(f"maze2d-takeover/{row.get('seed')}").randint(0, self.turns)
+def policy_prefixes(run: Any, rows: Sequence[Any], seed: int, *, turns: int) -> dict[Any, tuple[str, ...]]:
+    """Per row seed, the texts of the first k turns the policy plays (``run.rollout`` on its engine, greedy:
+    ``rollout.eval_temperature``, the states the eval reaches), k = :func:`takeover_turns`. The expert plays at
+    least one turn: an episode that ends sooner (solved, a stop, the env's budget) leaves its last to the expert.
+    Rows drawn k = 0 are not rolled out."""
+    want = {_seed(r): takeover_turns(_seed(r), turns) for r in rows}
+    played = [r for r in rows if want[_seed(r)] > 0]
+    if not played:
+        return {}
+    temperature = run.cfg.rollout.eval_temperature
+    caps = tuple(want[_seed(r)] + 1 for r in played)  # each row's k, and the turn left to the expert
+    trajs = run.rollout(played, seed=seed, repeats=1, temperature=temperature, max_turns=caps)
+    texts: dict[int, list[str]] = {}
+    for t in trajs:  # (row, turn) order: several per row in step-wise mode
+        texts.setdefault(t.group, []).extend(span.text for span in t.turns)
+    out = {}
+    for g, row in enumerate(played):
+        got = texts.get(g, [])
+        out[_seed(row)] = tuple(got[: max(0, min(want[_seed(row)], len(got) - 1))])
+    return out
 
 
 def mask_detours(trajs: Sequence[Any], seeds: Sequence[Any], detours: Mapping[Any, list[bool]]) -> list[Any]:
@@ -70,10 +93,12 @@ def mask_detours(trajs: Sequence[Any], seeds: Sequence[Any], detours: Mapping[An
     return out
 
 
-def expert_episodes(run: Any, rows: Sequence[Any], seed: int, *, masked: bool) -> list[Any]:
-    """One SFT batch's expert episodes of ``rows`` through ``run.rollout``; detour turns out of the loss
-    when ``masked``."""
-    recorder = DetourRecorder()
+def expert_episodes(
+    run: Any, rows: Sequence[Any], seed: int, *, masked: bool, prefixes: Mapping[Any, Sequence[str]] | None = None
+) -> list[Any]:
+    """One SFT batch's expert episodes of ``rows`` through ``run.rollout`` (after each row's ``prefixes``, if
+    any: :class:`DetourRecorder`); detour turns out of the loss when ``masked``."""
+    recorder = DetourRecorder(prefixes)
     trajs = run.rollout(rows, seed=seed, repeats=1, script=recorder)
     if not masked:
         return trajs
@@ -81,11 +106,10 @@ def expert_episodes(run: Any, rows: Sequence[Any], seed: int, *, masked: bool) -
 
 
 def takeover_episodes(run: Any, rows: Sequence[Any], seed: int, *, turns: int) -> list[Any]:
-    """One SFT batch of takeover episodes of ``rows`` (module docstring) through ``run.rollout``, the policy's
-    turns greedy (``rollout.eval_temperature``: the states the eval reaches) and out of the loss."""
-    recorder = TakeoverRecorder(turns)
-    trajs = run.rollout(rows, seed=seed, repeats=1, script=recorder, temperature=run.cfg.rollout.eval_temperature)
-    return mask_detours(trajs, [_seed(r) for r in rows], recorder.detours)
+    """One SFT batch of takeover episodes of ``rows`` (module docstring), built in this process: the policy's
+    turns (:func:`policy_prefixes`), then the expert's; the policy's out of the loss."""
+    prefixes = policy_prefixes(run, rows, seed, turns=turns)
+    return expert_episodes(run, rows, seed, masked=True, prefixes=prefixes)
 
 
 def _seed(row: Any) -> Any:

@@ -87,13 +87,15 @@ class ExpertFarm:
         )
         self._n = 0
 
-    def submit(self, rows: list, seed: int, masked: bool, what: str) -> Future:
-        """A future of the :class:`~vlrl.train.batch.Batch` of ``rows``' expert episodes (``seed``: the rollout's)."""
+    def submit(self, rows: list, seed: int, masked: bool, what: str, prefixes: dict | None = None) -> Future:
+        """A future of the :class:`~vlrl.train.batch.Batch` of ``rows``' expert episodes (``seed``: the rollout's;
+        ``prefixes``: per row seed, turns replayed before the expert's, as
+        :func:`~vlrl.envs.maze_sft_data.expert_episodes` takes them)."""
         if self._pool is None:
             raise RuntimeError("the expert farm is closed")
         self._n += 1
         path = os.path.join(self._spool, f"batch-{self._n}.pt")
-        return self._pool.submit(_build, rows, self._config, seed, masked, what, path)
+        return self._pool.submit(_build, rows, self._config, seed, masked, what, path, prefixes)
 
     def load(self, future: Future):
         """The finished batch of ``future`` (memory-mapped from its spool file, which is removed)."""
@@ -152,7 +154,7 @@ def _exit_with_parent(parent: int, spool: str) -> None:
     os._exit(1)
 
 
-def _build(rows: list, config: Any, seed: int, masked: bool, what: str, path: str) -> str:
+def _build(rows: list, config: Any, seed: int, masked: bool, what: str, path: str, prefixes: dict | None) -> str:
     import torch
 
     from vlrl.envs.maze_sft_data import expert_episodes
@@ -160,7 +162,7 @@ def _build(rows: list, config: Any, seed: int, masked: bool, what: str, path: st
 
     run = _WorkerRun(config)
     try:
-        batch = require_batch(run, expert_episodes(run, rows, seed, masked=masked), what)
+        batch = require_batch(run, expert_episodes(run, rows, seed, masked=masked, prefixes=prefixes), what)
         torch.save(batch, path)
     finally:
         _WORKER["renderer"].forget()  # the next batch's mazes are new: a worker holds one batch's images at a time

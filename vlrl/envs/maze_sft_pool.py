@@ -15,9 +15,12 @@ conversation, on the CPU) costs far more than an update of the curriculum's smal
 - ``fill="processes"``: the same sliding window, filled by ``builders`` worker processes at once
   (:class:`vlrl.envs.maze_sft_farm.ExpertFarm`): no GIL shared with the steps, and as many batches at a time as
   there are workers.
-- ``takeover=(N, M)``, N > 0: every N-th whole-episode step trains on a batch of takeover episodes instead, built
-  by the step itself with the run's engine after a weight sync (the policy plays up to M turns, then the expert:
-  :func:`vlrl.envs.maze_sft_data.takeover_episodes`). Never kept: the policy changes every step.
+- ``takeover=(N, M)``, N > 0: every N-th whole-episode step starts a batch of takeover episodes (the policy plays
+  up to M turns, then the expert: :mod:`vlrl.envs.maze_sft_data`): after a weight sync the step rolls out the
+  policy's turns on the run's engine, batched. Filled by processes, a worker renders the episodes and the first
+  step after it finishes trains on the batch (a few steps later: the policy of a few steps ago); otherwise the step
+  renders them itself and trains on them. Never kept: the policy changes every step. ``takeover_s`` adds up the
+  seconds the steps spent on them.
 
 The two filled while steps train need a single-process run: a sharded run's rollouts broadcast across ranks, which
 a builder of one rank cannot do.
@@ -72,7 +75,9 @@ class SftPool:
         self._inflight: list[tuple[bool, float, Future]] = []  # (kind, submitted at, future), oldest first
         self._credit = self.parallel  # batches that may start: one more per step, at most a builder each
         self._build_s = 0.0  # the last batch's build time
-        self.takeover, self.takeovers = takeover, 0  # (every N-th step, up to M policy turns), batches built
+        self.takeover, self.takeovers = takeover, 0  # (every N-th step, up to M policy turns), batches trained on
+        self.takeover_s = 0.0
+        self._takeover_jobs: list[Future] = []  # takeover batches the farm is building, oldest first
 
     @property
     def parallel(self) -> int:
@@ -82,8 +87,15 @@ class SftPool:
     def batch(self, step: int, first: bool):
         """The batch SFT step ``step`` trains on (``first``: rows cut to their first turn)."""
         every, turns = self.takeover
-        if every > 0 and not first and (step + 1) % every == 0:
-            return self._takeover_batch(step, turns)
+        if every > 0 and not first:
+            due = (step + 1) % every == 0
+            if due and self._farm is None:
+                return self._takeover_batch(step, turns)
+            if due and time.time() + self._build_s < self.deadline:
+                self._submit_takeover(step, turns)
+            if self._takeover_jobs and self._takeover_jobs[0].done():
+                self.takeovers += 1
+                return self._farm.load(self._takeover_jobs.pop(0))  # type: ignore[union-attr]
         kept = self.kept[first]
         if not self.parallel:
             if len(kept) < self.size:
@@ -106,7 +118,7 @@ class SftPool:
         if self._farm is not None:
             self._farm.close()
             self._farm = None
-        self._inflight = []
+        self._inflight, self._takeover_jobs = [], []
 
     def _rows(self, first: bool) -> list:
         rows = self.run.next_rows(self.run.cfg.sft.rows_per_step)
@@ -130,10 +142,26 @@ class SftPool:
         from vlrl.envs.maze_sft_data import takeover_episodes
         from vlrl.train.loop import require_batch
 
+        t = time.time()
         self.run.sync_weights()  # the engine plays the policy as it is now
         self.takeovers += 1
         trajs = takeover_episodes(self.run, self._rows(False), TAKEOVER_SEED + step, turns=turns)
-        return require_batch(self.run, trajs, f"takeover batch {self.takeovers}")
+        batch = require_batch(self.run, trajs, f"takeover batch {self.takeovers}")
+        self.takeover_s += time.time() - t
+        return batch
+
+    def _submit_takeover(self, step: int, turns: int) -> None:
+        """The policy's turns here, the episodes' rendering to a worker (queued behind the expert batches)."""
+        from vlrl.envs.maze_sft_data import policy_prefixes
+
+        assert self._farm is not None
+        t = time.time()
+        self.run.sync_weights()
+        rows, seed = self._rows(False), TAKEOVER_SEED + step
+        prefixes = policy_prefixes(self.run, rows, seed, turns=turns)
+        what = f"takeover batch {self.takeovers + len(self._takeover_jobs) + 1}"
+        self._takeover_jobs.append(self._farm.submit(rows, seed, True, what, prefixes))
+        self.takeover_s += time.time() - t
 
     def _keep(self, first: bool, batch) -> None:
         kept = self.kept[first]

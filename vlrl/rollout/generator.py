@@ -33,6 +33,17 @@ engine play that turn."""
 NO_ENGINE = "this RolloutGenerator has no engine: it plays scripted episodes only (run(rows, script=...))"
 
 
+Turns = int | tuple[int, ...] | None
+"""A rollout's turn cap: one for every episode, one per dataset row (a tuple), or none."""
+
+
+def cap_turns(turns: Turns, limit: int | None) -> Turns:
+    """``turns`` held within ``limit`` (None: no limit)."""
+    if turns is None or limit is None:
+        return limit if turns is None else turns
+    return tuple(min(t, limit) for t in turns) if isinstance(turns, tuple) else min(turns, limit)
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
     """How to roll out."""
@@ -41,8 +52,8 @@ class RolloutConfig:
     """Sampling for every turn; its ``seed`` is replaced per turn when ``seed`` below is set."""
     repeats: int = 1
     """Episodes per dataset row (a GRPO group)."""
-    max_turns: int | None = None
-    """Turn budget per episode; None = the env's own ``max_turns``."""
+    max_turns: Turns = None
+    """Turn budget per episode, within the env's own ``max_turns`` (None: that); a tuple: one per dataset row."""
     mode: Literal["multi_turn", "step"] = "multi_turn"
     """``multi_turn``: one token sequence per episode (the template must not rewrite history);
     ``step``: one trajectory per turn (for templates that do)."""
@@ -168,7 +179,8 @@ class RolloutGenerator:
 
     def _spec(self, group: int, repeat: int, env) -> EpisodeSpec:
         cfg = self.config
-        max_turns = int(env.max_turns if cfg.max_turns is None else min(cfg.max_turns, env.max_turns))
+        cap = cfg.max_turns[group] if isinstance(cfg.max_turns, tuple) else cfg.max_turns
+        max_turns = int(env.max_turns if cap is None else min(cap, env.max_turns))
         params = tuple(
             cfg.sampling
             if cfg.seed is None

@@ -32,7 +32,7 @@ from vlrl.checks.bounds import bounds_for
 from vlrl.engines.types import SamplingParams
 from vlrl.models.checksum import weights_checksum
 from vlrl.models.lora import apply_lora, lora_layers, merged_weights
-from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
+from vlrl.rollout.generator import RolloutConfig, RolloutGenerator, Turns, cap_turns
 from vlrl.rollout.io import write_jsonl
 from vlrl.train import distributed as D
 from vlrl.train.batch import CollateSpec, collate_trained
@@ -110,9 +110,11 @@ class Run:
     def _inference_stack(self, model):
         if self.cfg.rollout.engine == "embedded":
             from vlrl.engines.embedded import EmbeddedEngine
+            from vlrl.models.load import load_processor
             from vlrl.render.embedded import EmbeddedRenderer
 
-            engine = EmbeddedEngine(copy.deepcopy(model).to(self.dtype).eval(), self._tokenizer())
+            tokenizer = load_processor(self.model_dir).tokenizer
+            engine = EmbeddedEngine(copy.deepcopy(model).to(self.dtype).eval(), tokenizer)
             return EmbeddedRenderer.from_pretrained(self.model_dir), engine, engine.close
         if self.cfg.rollout.engine == "vllm":
             from vlrl.vllm.limits import episode_images
@@ -137,11 +139,6 @@ class Run:
         if not (self.dist.sharded and self.dist.is_main and self.cfg.rollout.engine == "vllm"):
             return None
         return copy.deepcopy(model).to(self.dtype).eval()
-
-    def _tokenizer(self):
-        from vlrl.models.load import load_processor
-
-        return load_processor(self.model_dir).tokenizer
 
     def _reference(self, model):
         """The frozen reference of the KL term: the initial weights (with LoRA, the base model)."""
@@ -169,6 +166,7 @@ class Run:
         repeats: int | None = None,
         script=None,
         shared: Literal[True] = True,
+        max_turns: Turns = None,
     ) -> list: ...
     @overload
     def rollout(
@@ -180,6 +178,7 @@ class Run:
         repeats: int | None = None,
         script=None,
         shared: Literal[False],
+        max_turns: Turns = None,
     ) -> list | None: ...
 
     def rollout(
@@ -191,18 +190,19 @@ class Run:
         repeats: int | None = None,
         script=None,
         shared: bool = True,
+        max_turns: Turns = None,
     ) -> list | None:
-        """Episodes of ``rows`` on rank 0's engine; every rank gets them (``shared``), else only rank 0 (None
-        elsewhere)."""
-        trajs = self._rollout(rows, seed, temperature, repeats, script) if self.dist.is_main else None
+        """Episodes of ``rows`` on rank 0's engine (``max_turns``: a cap, or one per row); every rank gets them
+        (``shared``), else only rank 0 (None elsewhere)."""
+        config, trajs = self.rollout_config(seed, temperature, repeats, max_turns), None
+        if self.dist.is_main:
+            trajs = RolloutGenerator(self.renderer, self.engine, config).run(rows, script=script)
         return D.broadcast(trajs) if shared else trajs
 
-    def _rollout(self, rows, seed: int, temperature: float | None, repeats: int | None, script) -> list:
-        config = self.rollout_config(seed, temperature, repeats)
-        return RolloutGenerator(self.renderer, self.engine, config).run(rows, script=script)
-
-    def rollout_config(self, seed: int, temperature: float | None = None, repeats: int | None = None) -> RolloutConfig:
-        """The rollout settings of this run's episodes (``temperature``/``repeats``: the config's unless given)."""
+    def rollout_config(
+        self, seed: int, temperature: float | None = None, repeats: int | None = None, max_turns: Turns = None
+    ) -> RolloutConfig:
+        """The run's rollout settings (``temperature``, ``repeats``: the config's unless given; ``max_turns``: cap)."""
         r = self.cfg.rollout
         sampling = SamplingParams(
             temperature=r.temperature if temperature is None else temperature,
@@ -214,7 +214,7 @@ class Run:
         return RolloutConfig(
             sampling=sampling,
             repeats=r.repeats if repeats is None else repeats,
-            max_turns=r.max_turns,
+            max_turns=cap_turns(max_turns, r.max_turns),
             mode=r.mode,
             seed=seed,
             progress=self.cfg.run.progress,
