@@ -31,10 +31,11 @@ if [ "${SET:-tile}" = easy7 ]; then  # from PARTS (chain_v10's easy6): more SFT 
   rl="$start --init fan_in --set data.eval_rows=200 --set data.train_rows=16384 --set data.extras.max_turns=20 \
 --set algo.loss_agg=seq_mean_token_mean --set optim.warmup_steps=3 --plan easy:0:${RL_S:-430}:8:0"
   V=([easy7]="$sft" [g1e-5]="$rl --set optim.lr=1e-5 --set run.seed=9" [g3e-5]="$rl --set optim.lr=3e-5 --set run.seed=10")
-elif [ "${SET}" = takeover ]; then  # (not yet run) from PARTS (chain_v11's easy7): item 19's SFT with takeover
-  # episodes every 4th step (the policy plays up to 12 turns, then the expert) against the same without them,
-  # side by side: micro-batches of 16 so that both fit the GPU, 7 builders each (docs/maze.md item 20)
-  common="$start --init fan_in --sft-warmup 10 --set sft.lr=1e-3 --set data.eval_rows=200 --mask-detours \
+elif [ "${SET}" = takeover ]; then  # from PARTS: item 19's SFT with takeover episodes every 4th step (the policy
+  # plays up to 12 turns, then the expert) against the same without them, side by side: micro-batches of 16 so that
+  # both fit the GPU, 7 builders each. Run by hand in chain_v12 (docs/maze.md item 21) with 200 eval mazes each:
+  # two such evals at once did not fit the clock: 100 here, and leave LIMIT >= SFT_S + 130 (startup ~35 s).
+  common="$start --init fan_in --sft-warmup 10 --set sft.lr=1e-3 --set data.eval_rows=100 --mask-detours \
 --sft-fill processes --sft-builders 7 --set optim.micro_batch_size=16 --set run.seed=12 --set data.train_rows=16384 \
 --set data.extras.expert_branch=0.15 --plan easy:${SFT_S:-420}:0:8:0"
   V=([takeover]="$common --takeover 4:12" [plain]="$common")
