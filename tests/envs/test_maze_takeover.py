@@ -109,6 +109,19 @@ def test_the_expert_plays_on_from_the_state_the_prefix_left():
         assert recorder.detours[seed] == [True] * len(prefixes[seed]) + [False] * len(texts)
 
 
+def test_a_none_in_a_script_hands_that_turn_to_the_rollouts_engine(tiny):
+    """A scripted episode's ``None`` turn is sampled by the engine (finite logprobs), its texts are scripted (NaN)."""
+    import math
+
+    rows = make_rows("maze2d/7x7", [0, 1], {})
+    script = lambda env, row: iter([None, "<action>up</action>", None])  # noqa: E731
+    trajs = _Run(tiny("qwen2_5_vl")).rollout(rows, seed=0, repeats=1, script=script, max_turns=3)
+    for t in trajs:
+        base = len(t.prompt_ids)
+        by_engine = [not math.isnan(t.logprobs[s.gen_start - base]) for s in t.turns]
+        assert by_engine == [True, False, True] and t.turns[1].text == "<action>up</action>"
+
+
 def test_a_script_that_hands_a_turn_to_no_engine_is_an_error(tiny):
     from vlrl.engines.types import SamplingParams
     from vlrl.rollout.scripted import ScriptedPolicy
