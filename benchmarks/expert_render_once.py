@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import torch
+    from maze_perception import append_run
 
     from vlrl.envs.maze_curriculum import LevelPlan, level_config
     from vlrl.envs.maze_models import start_checkpoint
@@ -62,9 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     entry |= {"rollout_path_s": round(rollout_s, 2), "render_once_s": round(once_s, 2)}
     entry |= {"rollout_ms_per_turn": round(1000 * rollout_s / turns, 2), "date": time.strftime("%Y-%m-%d")}
     print(json.dumps(entry))
-    out = Path(args.out)
-    runs = json.loads(out.read_text()) if out.exists() else []
-    out.write_text(json.dumps(runs + [entry], indent=1) + "\n")
+    append_run(
+        args.out,
+        "an expert batch rendered per turn and once (expert_render_once.py)",
+        entry,
+    )
     return 0
 
 

@@ -16,12 +16,12 @@ Filled by worker processes (``--sft-fill processes``) a takeover step pays ``pre
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default="benchmarks/results/takeover_cost_cpu.json")
     args = ap.parse_args(argv)
+
+    from maze_perception import append_run
 
     from vlrl.envs import maze_sft_data as data
     from vlrl.envs.maze_curriculum import LevelPlan, level_config
@@ -69,9 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     run.close()
     entry = {"level": args.level, "rows": args.rows, "turns": args.turns, "model": args.model}
     entry |= {"device": args.device, "seconds": seconds, "date": time.strftime("%Y-%m-%d")}
-    out = Path(args.out)
-    runs = json.loads(out.read_text()) if out.exists() else []
-    out.write_text(json.dumps(runs + [entry], indent=1) + "\n")
+    append_run(args.out, "takeover batch cost by phase (benchmarks/takeover_cost.py)", entry)
     return 0
 
 
