@@ -8,7 +8,7 @@ worst case), one batch of ``--rows`` mazes, each phase timed once after a warm-u
 - ``prefixes``: the policy's turns, each row capped at its own k + 1 turns (as the curriculum runs them);
 - ``prefixes_one_cap``: the same with every row capped at the largest k + 1 (the first farm version, chain_v12);
 - ``in_process``: the whole batch built here, the policy's turns and then the expert episodes rendered one after
-  another (as steps without the worker farm build it; with it, this was the ~30 s a batch of chain_v12's call 8);
+  another (as steps without the worker farm build it; in chain_v12 call 8 such a step took 31 s on the H200);
 - ``expert``: a batch of plain expert episodes of the same rows (what a farm worker renders for a normal step).
 Filled by worker processes (``--sft-fill processes``) a takeover step pays ``prefixes`` alone; the rest is a worker's.
 """
@@ -44,19 +44,16 @@ def main(argv: list[str] | None = None) -> int:
     weights = start_checkpoint("qwen2_5_vl", args.model, "fan_in", image_stats="maze")
     sets = (f"model.device={args.device}", f"model.path={weights}", f"data.train_rows={4 * args.rows}")
     run = Run(level_config(LevelPlan(args.level, 60, 0, overrides=sets), Path("/tmp/vlrl-takeover-cost")))
-    one_cap = data.policy_prefixes
 
-    def prefixes_one_cap(run, rows, seed, *, turns):  # every row rolled out to the largest k + 1
-        real = run.rollout
-        run.rollout = lambda rows, max_turns, **kw: real(rows, max_turns=max(max_turns), **kw)
-        try:
-            return one_cap(run, rows, seed, turns=turns)
-        finally:
-            del run.rollout
+    def prefixes_one_cap(rows):  # the first farm version: every row rolled out to the largest k + 1 (no texts kept)
+        played = [r for r in rows if data.takeover_turns(r.seed, args.turns)]
+        cap = 1 + max((data.takeover_turns(r.seed, args.turns) for r in played), default=0)
+        if played:
+            run.rollout(played, seed=1, repeats=1, temperature=run.cfg.rollout.eval_temperature, max_turns=cap)
 
     phases = {
         "prefixes": lambda rows: data.policy_prefixes(run, rows, 1, turns=args.turns),
-        "prefixes_one_cap": lambda rows: prefixes_one_cap(run, rows, 1, turns=args.turns),
+        "prefixes_one_cap": prefixes_one_cap,
         "in_process": lambda rows: run.collate(data.takeover_episodes(run, rows, 1, turns=args.turns)),
         "expert": lambda rows: run.collate(data.expert_episodes(run, rows, 1, masked=True)),
     }

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from vlrl.data.tickets import make_rows, train_seeds
 from vlrl.engines.types import SamplingParams
 from vlrl.models.build import cached_model_dir
@@ -65,3 +67,6 @@ def test_a_turn_cap_per_row_ends_each_episode_at_its_own():
         trajectories = gen.run(rows, script=expert_for("maze2d"))
         assert [len(t.turns) for t in trajectories] == want
         assert {t.stop_reason for t in trajectories} == {"max_turns"}
+    config = RolloutConfig(sampling=SamplingParams(max_tokens=16), max_turns=(1, 3), progress=False, max_context=8192)
+    with pytest.raises(ValueError, match="2 caps .one per row. for 3 rows"):
+        RolloutGenerator(renderer, None, config, tokenizer=renderer.tokenizer).run(rows, script=expert_for("maze2d"))

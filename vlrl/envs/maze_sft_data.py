@@ -16,7 +16,7 @@ expert's own detours are random branches, where these are the branches the polic
 Two phases: the policy's turns on the engine, batched (:func:`policy_prefixes`), then the whole episode rendered
 as an expert episode that replays those texts first (:func:`expert_episodes` with ``prefixes``), so the expert
 farm's workers (``vlrl.envs.maze_sft_farm``) can build it. Why: rendered in the training process, every turn of
-64 episodes one after another, a takeover batch cost ~30 s on the H200 against ~3 s for a step on a farm batch
+64 episodes one after another, a takeover step took 31 s on the H200 against 3.3 s for a step on a farm batch
 (chain_v12). The replayed turns are the policy's texts re-tokenised, out of the loss: context, not training
 targets (they match the engine's ids unless it sampled a non-canonical tokenisation).
 """

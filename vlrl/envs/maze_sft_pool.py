@@ -88,11 +88,10 @@ class SftPool:
         """The batch SFT step ``step`` trains on (``first``: rows cut to their first turn)."""
         every, turns = self.takeover
         if every > 0 and not first:
-            due = (step + 1) % every == 0
-            if due and self._farm is None:
-                return self._takeover_batch(step, turns)
-            if due and time.time() + self._build_s < self.deadline:
-                self._submit_takeover(step, turns)
+            if (step + 1) % every == 0 and (self._farm is None or time.time() + self._build_s < self.deadline):
+                built = self._takeover(step, turns)
+                if built is not None:
+                    return built
             if self._takeover_jobs and self._takeover_jobs[0].done():
                 self.takeovers += 1
                 return self._farm.load(self._takeover_jobs.pop(0))  # type: ignore[union-attr]
@@ -138,30 +137,25 @@ class SftPool:
         self._build_s = time.time() - t
         return batch
 
-    def _takeover_batch(self, step: int, turns: int):
-        from vlrl.envs.maze_sft_data import takeover_episodes
+    def _takeover(self, step: int, turns: int):
+        """A batch of takeover episodes of fresh rows: the policy's turns here on the engine (after a weight sync, so
+        it plays the policy as it is now), the episodes rendered by a worker (queued behind the expert batches; None
+        here, a later step trains on it) or, without the farm, here (the batch)."""
+        from vlrl.envs.maze_sft_data import expert_episodes, policy_prefixes
         from vlrl.train.loop import require_batch
 
-        t = time.time()
-        self.run.sync_weights()  # the engine plays the policy as it is now
-        self.takeovers += 1
-        trajs = takeover_episodes(self.run, self._rows(False), TAKEOVER_SEED + step, turns=turns)
-        batch = require_batch(self.run, trajs, f"takeover batch {self.takeovers}")
-        self.takeover_s += time.time() - t
-        return batch
-
-    def _submit_takeover(self, step: int, turns: int) -> None:
-        """The policy's turns here, the episodes' rendering to a worker (queued behind the expert batches)."""
-        from vlrl.envs.maze_sft_data import policy_prefixes
-
-        assert self._farm is not None
         t = time.time()
         self.run.sync_weights()
         rows, seed = self._rows(False), TAKEOVER_SEED + step
         prefixes = policy_prefixes(self.run, rows, seed, turns=turns)
-        what = f"takeover batch {self.takeovers + len(self._takeover_jobs) + 1}"
-        self._takeover_jobs.append(self._farm.submit(rows, seed, True, what, prefixes))
+        what, batch = f"takeover batch {self.takeovers + len(self._takeover_jobs) + 1}", None
+        if self._farm is not None:
+            self._takeover_jobs.append(self._farm.submit(rows, seed, True, what, prefixes))
+        else:
+            trajs = expert_episodes(self.run, rows, seed, masked=True, prefixes=prefixes)
+            batch, self.takeovers = require_batch(self.run, trajs, what), self.takeovers + 1
         self.takeover_s += time.time() - t
+        return batch
 
     def _keep(self, first: bool, batch) -> None:
         kept = self.kept[first]

@@ -120,6 +120,9 @@ class RolloutGenerator:
     ) -> list[Trajectory]:
         if script is None and self.engine is None:
             raise ValueError(NO_ENGINE)
+        caps = self.config.max_turns
+        if isinstance(caps, tuple) and len(caps) != len(rows):
+            raise ValueError(f"rollout max_turns: {len(caps)} caps (one per row) for {len(rows)} rows")
         jobs = [(g, r, _as_row(row)) for g, row in enumerate(rows) for r in range(self.config.repeats)]
         bar = _progress(len(jobs), self.config.progress)
         done: dict[tuple[int, int], list[Trajectory]] = {}
