@@ -38,7 +38,7 @@ class EpisodeSpec:
 
 
 @dataclass
-class _Turn:
+class PlayedTurn:
     prompt: RenderedPrompt
     gen: Generation
     tokens: tuple[int, ...]
@@ -49,7 +49,7 @@ class _Turn:
 
 
 @dataclass
-class _Seq:
+class TokenSeq:
     """A growing token sequence with its per-token fields (the response part only)."""
 
     prompt_ids: tuple[int, ...]
@@ -80,7 +80,7 @@ class _Seq:
         self.rewards.extend([0.0] * len(tokens))
         self.tops.extend([()] * len(tokens))
 
-    def add_turn(self, k: int, turn: _Turn, obs_start: int) -> None:
+    def add_turn(self, k: int, turn: PlayedTurn, obs_start: int) -> None:
         n_gen = len(turn.gen.token_ids)
         gen_start = len(self)
         self.extend(
@@ -110,7 +110,7 @@ class _Seq:
 
 
 @dataclass
-class _Outcome:
+class Outcome:
     stop: StopReason = "max_turns"
     error: str | None = None
     metas: list[dict[str, Any]] = field(default_factory=list)
@@ -125,6 +125,8 @@ class EpisodeRunner:
         self.tokenizer = tokenizer
         self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.terminators = {self.end_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")}
+        self.assistant_header = tuple(tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False))
+        """What opens an assistant turn (where a render's turns are found: ``vlrl.rollout.scripted_once``)."""
 
     async def run(self, env, messages: list[dict], policy: Policy, spec: EpisodeSpec) -> list[Trajectory]:
         """Play from the env's first messages; one trajectory (multi-turn) or one per turn (step-wise)."""
@@ -136,11 +138,11 @@ class EpisodeRunner:
             return [
                 failed_episode(spec, messages, f"the renderer failed: {type(exc).__name__}: {exc}", stop="engine_error")
             ]
-        _refuse_no_room(render, spec)
+        refuse_no_room(render, spec)
         if spec.step_wise:
             return await self._run_steps(env, messages, render, policy, spec)
-        seq = _Seq(prompt_ids=render.token_ids, render=render, placeholders=render.placeholders)
-        out = _Outcome()
+        seq = TokenSeq(prompt_ids=render.token_ids, render=render, placeholders=render.placeholders)
+        out = Outcome()
         obs_start, pending = 0, []
         for k in range(spec.max_turns):
             if len(seq) >= spec.max_context:
@@ -160,35 +162,34 @@ class EpisodeRunner:
                 break
             messages, pending = messages + [assistant] + list(result.observations), []
         # The trajectory's conversation holds what its tokens hold (a dropped observation is left out).
-        return [_trajectory(spec.uid, spec, seq, out, messages + pending)]
+        return [build_trajectory(spec.uid, spec, seq, out, messages + pending)]
 
     # ------------------------------------------------------------------ pieces of a turn
 
     async def _turn(
-        self, policy: Policy, prompt: RenderedPrompt, spec: EpisodeSpec, k: int, out: _Outcome
-    ) -> _Turn | None:
+        self, policy: Policy, prompt: RenderedPrompt, spec: EpisodeSpec, k: int, out: Outcome
+    ) -> PlayedTurn | None:
         try:
             gen = await policy.agenerate(prompt, spec.params[k])
         except Exception as exc:  # noqa: BLE001 — a failed engine ends this episode, keeping its turns
             out.stop, out.error = "engine_error", f"turn {k}: {type(exc).__name__}: {exc}"
             return None
         out.versions.add(gen.weight_version)
+        return self.closed(prompt, gen, len(prompt) + len(gen.token_ids) < spec.max_context)
+
+    def closed(self, prompt: RenderedPrompt, gen: Generation, room: bool) -> PlayedTurn:
+        """The turn ``gen`` makes: its ids, ``<|im_end|>`` appended when generation did not end with a terminator
+        (stop string, stop token, max_tokens) and the context has ``room`` for it (the template closes every
+        assistant turn with it), and the text the conversation gets (the ids before a terminator)."""
         ids = tuple(gen.token_ids)
         ended = bool(ids) and ids[-1] in self.terminators
         body = ids[:-1] if ended else ids
-        # The template closes every assistant turn with <|im_end|>: add it when generation did not
-        # (stop string, stop token, max_tokens) and the context has room for it.
-        append = not ended and len(prompt) + len(ids) < spec.max_context
-        return _Turn(
-            prompt,
-            gen,
-            ids + ((self.end_id,) if append else ()),
-            append,
-            self.tokenizer.decode(list(body), skip_special_tokens=False),
-        )
+        append = not ended and room
+        text = self.tokenizer.decode(list(body), skip_special_tokens=False)
+        return PlayedTurn(prompt, gen, ids + ((self.end_id,) if append else ()), append, text)
 
     @staticmethod
-    def _step(env, turn: _Turn, out: _Outcome):
+    def _step(env, turn: PlayedTurn, out: Outcome):
         try:
             result = env.step(turn.text)
         except Exception as exc:  # noqa: BLE001 — an env bug ends this episode only
@@ -199,7 +200,7 @@ class EpisodeRunner:
         return result
 
     @staticmethod
-    def _ended(result, k: int, spec: EpisodeSpec, out: _Outcome) -> bool:
+    def _ended(result, k: int, spec: EpisodeSpec, out: Outcome) -> bool:
         if result.done:
             out.stop = "done"
             return True
@@ -209,7 +210,7 @@ class EpisodeRunner:
         return False
 
     async def _extend(
-        self, seq: _Seq, messages: list[dict], text: str, k: int, spec: EpisodeSpec, out: _Outcome
+        self, seq: TokenSeq, messages: list[dict], text: str, k: int, spec: EpisodeSpec, out: Outcome
     ) -> bool:
         """Re-render with the new observations and splice them onto the sequence if they fit."""
         try:
@@ -237,7 +238,7 @@ class EpisodeRunner:
         self, env, messages: list[dict], render: RenderedPrompt, policy: Policy, spec: EpisodeSpec
     ) -> list[Trajectory]:
         """One trajectory per turn: prompt = that turn's render, response = its generated tokens."""
-        out, seqs = _Outcome(), []
+        out, seqs = Outcome(), []
         for k in range(spec.max_turns):
             if len(render) >= spec.max_context:
                 out.stop = "length"
@@ -246,7 +247,7 @@ class EpisodeRunner:
             if turn is None:
                 break
             result = self._step(env, turn, out)
-            seq = _Seq(prompt_ids=render.token_ids, render=render, placeholders=render.placeholders)
+            seq = TokenSeq(prompt_ids=render.token_ids, render=render, placeholders=render.placeholders)
             seq.add_turn(k, turn, 0)
             seqs.append((seq, messages + [{"role": "assistant", "content": turn.text}]))
             if result is None or self._ended(result, k, spec, out):
@@ -263,13 +264,15 @@ class EpisodeRunner:
                 break
             check_earlier_images(prev, render, k, offsets=False)  # a PrefixError escapes, as in multi-turn
         episode_return = sum(s.spans[0].reward for s, _ in seqs)
-        trajs = [_trajectory(f"{spec.uid}/t{k}", spec, s, out, m, step_of=spec.uid) for k, (s, m) in enumerate(seqs)]
+        trajs = [
+            build_trajectory(f"{spec.uid}/t{k}", spec, s, out, m, step_of=spec.uid) for k, (s, m) in enumerate(seqs)
+        ]
         for t in trajs:
             t.metrics["episode_return"] = episode_return
         return trajs
 
 
-def _metrics(seq: _Seq, out: _Outcome) -> dict[str, Any]:
+def _metrics(seq: TokenSeq, out: Outcome) -> dict[str, Any]:
     valid = [m["valid_action"] for m in out.metas if isinstance(m.get("valid_action"), bool)]
     metrics: dict[str, Any] = {
         "return": float(sum(s.reward for s in seq.spans)),
@@ -285,8 +288,8 @@ def _metrics(seq: _Seq, out: _Outcome) -> dict[str, Any]:
     return metrics
 
 
-def _trajectory(
-    uid: str, spec: EpisodeSpec, seq: _Seq, out: _Outcome, messages: list[dict], step_of: str | None = None
+def build_trajectory(
+    uid: str, spec: EpisodeSpec, seq: TokenSeq, out: Outcome, messages: list[dict], step_of: str | None = None
 ) -> Trajectory:
     r = seq.render
     return Trajectory(
@@ -336,7 +339,7 @@ def failed_episode(spec: EpisodeSpec, messages: list[dict], error: str, stop: St
     )
 
 
-def _refuse_no_room(render: RenderedPrompt, spec: EpisodeSpec) -> None:
+def refuse_no_room(render: RenderedPrompt, spec: EpisodeSpec) -> None:
     """The first observation must leave room for one generated token: a context too small for it is the
     run's configuration, not this episode's outcome (it would give a run that generates nothing)."""
     if spec.max_turns > 0 and len(render) >= spec.max_context:

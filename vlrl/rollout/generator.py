@@ -22,6 +22,7 @@ from vlrl.engines.types import Engine, SamplingParams
 from vlrl.render.types import Renderer
 from vlrl.rollout.episode import EpisodeRunner, EpisodeSpec, Policy, failed_episode
 from vlrl.rollout.scripted import Scorer, ScriptedPolicy
+from vlrl.rollout.scripted_once import play_once
 from vlrl.rollout.splice import refuse_history_rewrites
 from vlrl.rollout.types import Trajectory
 
@@ -64,12 +65,17 @@ class RolloutConfig:
     """Context limit; None = the engine's ``max_context``."""
     progress: bool = True
     """Show a progress bar (on a terminal)."""
+    scripts: Literal["render_once", "per_turn"] = "render_once"
+    """Scripted episodes without a scorer: played to the end, then rendered once (``vlrl.rollout.scripted_once``:
+    the same trajectories, the render work of one turn instead of every turn's); ``per_turn``: the rollout path."""
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         if self.mode not in ("multi_turn", "step"):
             raise ValueError(f"mode must be 'multi_turn' or 'step', got {self.mode!r}")
+        if self.scripts not in ("render_once", "per_turn"):
+            raise ValueError(f"scripts must be 'render_once' or 'per_turn', got {self.scripts!r}")
 
 
 def turn_seed(base: int, group: int, repeat: int, turn: int) -> int:
@@ -108,6 +114,8 @@ class RolloutGenerator:
         if config.mode == "multi_turn":
             refuse_history_rewrites(renderer, self.tokenizer)
         self.runner = EpisodeRunner(renderer, self.tokenizer)
+        self.replayed = 0
+        """Scripted episodes the render-once path handed back to the rollout path (``vlrl.rollout.scripted_once``)."""
 
     def run(
         self, rows: Sequence[Any], *, script: Script | None = None, scorer: Scorer | None = None
@@ -140,7 +148,25 @@ class RolloutGenerator:
     async def _episode(
         self, group: int, repeat: int, row: dict, script: Script | None, scorer: Scorer | None
     ) -> list[Trajectory]:
-        """One episode; an env that cannot be made or started ends only this episode (``env_error``)."""
+        """One episode, checked: scripted ones rendered once where that path can (``RolloutConfig.scripts``),
+        else (and when it hands one back) through the rollout path."""
+        once = script is not None and scorer is None and self.config.scripts == "render_once"
+        trajectories = None
+        if once and self.config.mode == "multi_turn":
+            trajectories = await self._play(group, repeat, row, script, scorer, once=True)
+            self.replayed += trajectories is None
+        if trajectories is None:
+            trajectories = await self._play(group, repeat, row, script, scorer, once=False)
+        assert trajectories is not None  # only the render-once path hands an episode back
+        for traj in trajectories:
+            check_trajectory(traj, image_pad_id=self.image_pad_id, merge_size=self.merge_size)
+        return trajectories
+
+    async def _play(
+        self, group: int, repeat: int, row: dict, script: Script | None, scorer: Scorer | None, *, once: bool
+    ) -> list[Trajectory] | None:
+        """Make the env and play it (``once``: :func:`play_once`, None where it cannot); an env that cannot be
+        made or started ends only this episode (``env_error``)."""
         from vlrl.envs import env_from_row
 
         try:
@@ -153,6 +179,10 @@ class RolloutGenerator:
                 messages = list(messages)
             except Exception as exc:  # noqa: BLE001 — an env bug loses this episode only
                 return [self._failed(group, repeat, row, f"env.init raised {type(exc).__name__}: {exc}")]
+            spec = self._spec(group, repeat, env)
+            if once and script is not None:
+                traj = await play_once(self.runner, env, messages, script(env, row), spec)
+                return None if traj is None else [traj]
             policy: Policy
             if script is not None:
                 policy = ScriptedPolicy(
@@ -162,12 +192,9 @@ class RolloutGenerator:
                 policy = self.engine
             else:  # arun refuses this before any episode starts
                 raise ValueError(NO_ENGINE)
-            trajectories = await self.runner.run(env, messages, policy, self._spec(group, repeat, env))
+            return await self.runner.run(env, messages, policy, spec)
         finally:
             _close_quietly(env)
-        for traj in trajectories:
-            check_trajectory(traj, image_pad_id=self.image_pad_id, merge_size=self.merge_size)
-        return trajectories
 
     def _failed(self, group: int, repeat: int, row: dict, error: str) -> Trajectory:
         spec = EpisodeSpec(

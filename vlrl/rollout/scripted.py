@@ -11,6 +11,7 @@ script may go on from whatever state that left (the maze's takeover episodes, ``
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
@@ -36,6 +37,30 @@ def _apply_stop(text: str, params: SamplingParams) -> tuple[str, str | None]:
     return (text[: at + len(stop)] if params.include_stop_str_in_output else text[:at]), stop
 
 
+def scripted_generation(tokenizer, text: str, params: SamplingParams, room: int) -> Generation:
+    """``text`` as an engine would have generated it with ``room`` tokens of context left: cut at the earliest stop
+    string, ``<|im_end|>`` appended when none cut it, cut to ``max_tokens`` or ``room`` (``length``); NaN logprobs."""
+    text, stop = _apply_stop(text, params)
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    finish: FinishReason = "stop"
+    reason: str | int | None = stop
+    if stop is None:
+        eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        ids.append(eos)
+        reason = eos
+    budget = min(params.max_tokens, room)
+    if len(ids) > budget:
+        ids, finish, reason = ids[:budget], "length", None
+    return Generation(
+        token_ids=tuple(ids),
+        logprobs=(math.nan,) * len(ids),
+        finish_reason=finish,
+        stop_reason=reason,
+        text=tokenizer.decode(ids, skip_special_tokens=True),
+        meta={"scripted": True},
+    )
+
+
 class ScriptedPolicy:
     """``agenerate(prompt, params)`` returning the next scripted text as a :class:`Generation`."""
 
@@ -53,32 +78,14 @@ class ScriptedPolicy:
         self.max_context = max_context
         self.scorer = scorer
         self.fallback = fallback
-        self.eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     def generation(self, prompt: RenderedPrompt, params: SamplingParams, text: str) -> Generation:
-        text, stop = _apply_stop(text, params)
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        finish: FinishReason = "stop"
-        reason: str | int | None = stop
-        if stop is None:
-            ids.append(self.eos_id)
-            reason = self.eos_id
-        budget = min(params.max_tokens, self.max_context - len(prompt.token_ids))
-        if len(ids) > budget:
-            ids, finish, reason = ids[:budget], "length", None
-        if self.scorer is not None:
-            logprobs = tuple(float(x) for x in self.scorer(prompt, ids, params.temperature))
-        else:
-            logprobs = (math.nan,) * len(ids)
-        return Generation(
-            token_ids=tuple(ids),
-            logprobs=logprobs,
-            finish_reason=finish,
-            stop_reason=reason,
-            text=self.tokenizer.decode(ids, skip_special_tokens=True),
-            prompt_len=len(prompt),
-            meta={"scripted": True},
-        )
+        gen = scripted_generation(self.tokenizer, text, params, self.max_context - len(prompt.token_ids))
+        gen = dataclasses.replace(gen, prompt_len=len(prompt))
+        if self.scorer is None:
+            return gen
+        logprobs = tuple(float(x) for x in self.scorer(prompt, list(gen.token_ids), params.temperature))
+        return dataclasses.replace(gen, logprobs=logprobs)
 
     async def agenerate(self, prompt: RenderedPrompt, params: SamplingParams) -> Generation:
         try:
