@@ -1,9 +1,11 @@
-"""What the maze curriculum's SFT spends building a batch of expert episodes (``vlrl.envs.maze_sft_data``): every
-turn re-renders the conversation so far. Times one batch of ``--rows`` episodes of a level with the decoded-image
-cache of ``vlrl.messages`` off (a zero budget) and on, each on its own fresh mazes after a warm-up batch, and
-counts the data URIs decoded; the mazes differ, so compare per turn. The tiny model on the CPU (rendering is
-CPU work on any host). ``--pixel-runs N`` then times N rounds of the renderer joining a conversation's pixel rows
-with ``torch.cat`` of every image each turn (as before ``vlrl.render.pixel_runs``) and with ``PixelRuns``, in turn.
+"""What the rollout path spends rendering a batch of maze expert episodes (``vlrl.envs.maze_sft_data``): every
+turn re-renders the conversation so far, as a policy's rollout does. (Expert episodes themselves are rendered
+once since eaea7fe, ``vlrl.rollout.scripted_once``; this measures the per-turn path, ``scripts="per_turn"``.)
+Times one batch of ``--rows`` episodes of a level with the decoded-image cache of ``vlrl.messages`` off (a zero
+budget) and on, each on its own fresh mazes after a warm-up batch, and counts the data URIs decoded; the mazes
+differ, so compare per turn. The tiny model on the CPU (rendering is CPU work on any host). ``--pixel-runs N`` then
+times N rounds of the renderer joining a conversation's pixel rows with ``torch.cat`` of every image each turn (as
+before ``vlrl.render.pixel_runs``) and with ``PixelRuns``, in turn.
 
     python benchmarks/expert_render.py OUT.json [--level easy] [--rows 8] [--pixel-runs 3]
 """
@@ -11,6 +13,7 @@ with ``torch.cat`` of every image each turn (as before ``vlrl.render.pixel_runs`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -37,6 +40,8 @@ def main() -> None:
     args = ap.parse_args()
     overrides = ("model.device=cpu", f"sft.rows_per_step={args.rows}")
     run = Run(level_config(LevelPlan(args.level, 1, 0, overrides=overrides), "/tmp/expert_render"))
+    rollout_config = run.rollout_config  # the per-turn render path, which policy rollouts take
+    run.rollout_config = lambda *a, **k: dataclasses.replace(rollout_config(*a, **k), scripts="per_turn")  # type: ignore[method-assign]
     real, decoded = M.decode_data_uri, [0]
 
     def counting(*a, **k):

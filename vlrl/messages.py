@@ -112,10 +112,10 @@ def _decode_part(part: dict[str, Any], where: dict[str, int | None], limits: Ima
 
 
 def _decode_hashed(
-    part: dict[str, Any], where: dict[str, int | None], limits: ImageLimits
+    part: dict[str, Any], where: dict[str, int | None], limits: ImageLimits, copy: bool = True
 ) -> tuple[Image.Image, str, str]:
     """:func:`_decode_part` and the image's :func:`image_hash`; a data URI decoded before comes from
-    :data:`_DECODED`, as a copy (callers may change their image)."""
+    :data:`_DECODED`, as a copy (callers may change their image) unless ``copy`` is False (the caller only reads)."""
     payload = _payload(part, where)
     if not isinstance(payload, str):
         image = model_image(payload, "image part", where, limits)
@@ -127,7 +127,7 @@ def _decode_hashed(
         hit = (image, canonical_uri(payload, source, image), image_hash(image))
         with _DECODED_LOCK:
             _DECODED.put((payload, limits), hit, image.width * image.height * len(image.getbands()))
-    return hit[0].copy(), hit[1], hit[2]
+    return (hit[0].copy() if copy else hit[0]), hit[1], hit[2]
 
 
 _DECODED: LruBytes[tuple[Image.Image, str, str]] = LruBytes(256 * 2**20)
@@ -253,8 +253,12 @@ class PreparedMessages:
     """:func:`image_hash` of each of ``images``."""
 
 
-def prepare_messages(messages: Any, *, limits: ImageLimits = ImageLimits()) -> PreparedMessages:
-    """Validate ``messages`` and decode every image once; see :class:`PreparedMessages`."""
+def prepare_messages(
+    messages: Any, *, limits: ImageLimits = ImageLimits(), copy_images: bool = True
+) -> PreparedMessages:
+    """Validate ``messages`` and decode every image once; see :class:`PreparedMessages`. ``copy_images=False``: the
+    images may be the decoded-URI cache's own (a renderer that only reads them: each turn of an episode sends every
+    earlier frame again, and the renderer processes only the ones it has not seen)."""
     validate_messages(messages)
     out, images, hashes = [], [], []
     for mi, msg in enumerate(messages):
@@ -265,7 +269,7 @@ def prepare_messages(messages: Any, *, limits: ImageLimits = ImageLimits()) -> P
         parts = []
         for pi, part in enumerate(content):
             if part["type"] in IMAGE_PART_TYPES:
-                image, uri, key = _decode_hashed(part, {"message_index": mi, "part_index": pi}, limits)
+                image, uri, key = _decode_hashed(part, {"message_index": mi, "part_index": pi}, limits, copy_images)
                 images.append(image)
                 hashes.append(key)
                 parts.append({"type": "image_url", "image_url": {"url": uri}})

@@ -38,6 +38,7 @@ from vlrl.image_decode import ImageLimits
 from vlrl.messages import RESERVED_IN_TEXT, prepare_messages
 from vlrl.openmp import limit_openmp_here
 from vlrl.render.pixel_runs import PixelRuns
+from vlrl.render.prefix_ids import PrefixIds
 from vlrl.render.types import PlaceholderRange, RenderedPrompt, Renderer
 
 __all__ = ["EmbeddedRenderer", "RESERVED_IN_TEXT"]
@@ -69,6 +70,7 @@ class EmbeddedRenderer:
         self._cache: OrderedDict[str, tuple[Any, Any]] = OrderedDict()  # pixel hash -> (pixel_values, grid)
         self._cache_lock = threading.Lock()
         self._runs = PixelRuns()  # each conversation's pixel rows, extended a turn at a time
+        self._ids = PrefixIds(self.tokenizer)  # each conversation's ids, tokenized from where its last render ended
         self._text_lock = threading.Lock()
         self._pool = None
         if workers > 0:
@@ -76,11 +78,13 @@ class EmbeddedRenderer:
             self._pool = ThreadPoolExecutor(workers, thread_name_prefix="vlrl-render", initializer=init)
 
     def forget(self) -> None:
-        """Drop the processed images and the conversations' pixel rows (what a finished batch of episodes left:
-        up to ``cache_images`` images and 2 GiB of rows, ~7 GB at maze2d/easy); the next render starts cold."""
+        """Drop the processed images, the conversations' pixel rows and kept ids (what a finished batch of episodes
+        left: up to ``cache_images`` images and 2 GiB of rows, ~7 GB at maze2d/easy); the next render starts cold."""
         with self._cache_lock:
             self._cache.clear()
         self._runs.clear()
+        with self._text_lock:
+            self._ids.clear()
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, **kwargs) -> EmbeddedRenderer:
@@ -108,12 +112,12 @@ class EmbeddedRenderer:
         add_generation_prompt: bool = True,
         tools: Sequence[dict[str, Any]] | None = None,
     ) -> RenderedPrompt:
-        prepared = prepare_messages(list(messages), limits=self.limits)
+        prepared = prepare_messages(list(messages), limits=self.limits, copy_images=False)  # the processor only reads
         pixels, grid = self._vision(prepared.images, prepared.hashes)
         with self._text_lock:  # a fast tokenizer refuses calls from two threads at once ("Already borrowed")
             text = self._apply_template(_template_messages(prepared.messages), add_generation_prompt, tools)
-            ids = self.tokenizer(text)["input_ids"]
-        ids, placeholders = self._expand(ids, grid, len(prepared.images))
+            template_ids = self._ids.ids(text)
+        ids, placeholders = self._expand(template_ids, grid, len(prepared.images))
         return RenderedPrompt(
             token_ids=ids,
             pixel_values=pixels,

@@ -55,6 +55,9 @@ def _show(tokenizer, ids: Sequence[int], at: int) -> str:
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     """Index of the first position where ``a`` and ``b`` differ (or where one ends); None if equal."""
+    n = min(len(a), len(b))
+    if tuple(a[:n]) == tuple(b[:n]):  # the usual case, compared at C speed (a maze turn's ids: ~3,000 each turn)
+        return None if len(a) == len(b) else n
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
             return i
@@ -110,9 +113,9 @@ def splice_turn(tokenizer, prev: RenderedPrompt, new: RenderedPrompt, text: str,
     start_id = tokenizer.convert_tokens_to_ids(TURN_START)
     end_id = tokenizer.convert_tokens_to_ids(TURN_END)
     prev_ids, new_ids = prev.token_ids, new.token_ids
-    opened = max((i for i, t in enumerate(prev_ids) if t == start_id), default=None)
-    if opened is None:
+    if start_id not in prev_ids:
         raise PrefixError(f"turn {turn}: the prompt has no {TURN_START}: not a ChatML generation prompt")
+    opened = len(prev_ids) - 1 - tuple(prev_ids)[::-1].index(start_id)  # the last one
     _check_prefix(tokenizer, prev_ids, new_ids, opened + 1, turn)
     check_earlier_images(prev, new, turn)
     head = tokenizer.decode(list(prev_ids[opened + 1 :]))
