@@ -42,8 +42,11 @@ def test_sft_stops_at_the_first_probe_that_reaches_the_fraction(tmp_path, monkey
         steps, _ = sft_phase(run, time.time() + plan.sft_seconds, plan)
         eval_seeds = {r.seed for r in run.eval_rows}
         after = maze_curriculum.evaluate(run, steps, "after_sft")  # the same greedy rollouts on the eval split
+        lines = [json.loads(x) for x in (run.log.dir / "metrics.jsonl").read_text().splitlines()]
     finally:
         run.close()
+    timed = [x for x in lines if x["phase"] == "eval"][-1]
+    assert 0 < timed["eval_decode_s"] < timed["eval_s"]  # the eval's seconds, the embedded engine's decoding among them
     assert steps == 2 and [s for _, s, _ in seen] == [0, 1, 2]  # a probe before each step; the third ends SFT (cap 6)
     assert seen[0][0] == 0.0  # random init solves none of the real probe's mazes
     assert len(seen[0][2]) == 3 and not eval_seeds & set(seen[0][2])  # training mazes, not the eval split

@@ -117,7 +117,9 @@ class EmbeddedEngine:
         elif graphs and why_not is not None:
             raise ValueError(f"graphs=True: {why_not}")
         self._graphs = DecodeGraphs(graph_bytes) if graphs else None
-        self.stats = {"images_encoded": 0, "prefill_columns": 0, "reused_columns": 0}
+        self.stats = {"images_encoded": 0, "prefill_columns": 0, "reused_columns": 0, "decode_s": 0.0}
+        """Counters since the engine was made; ``decode_s``: seconds its worker spent decoding batches (the rest of
+        a rollout's time is host work around it: renders, env steps, waits for requests)."""
 
     @classmethod
     def from_pretrained(
@@ -202,8 +204,10 @@ class EmbeddedEngine:
             if not batch:
                 continue
             try:
+                t = time.perf_counter()
                 with self._lock:
                     self._decode(batch)
+                self.stats["decode_s"] += time.perf_counter() - t
                 for r in batch:
                     r.future.set_result(r.finish)
             except BaseException as exc:  # noqa: BLE001 — the batch's callers get the error; the worker keeps serving

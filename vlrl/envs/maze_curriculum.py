@@ -163,11 +163,15 @@ def greedy_rollouts(run, rows) -> list:
 
 def evaluate(run, step: int, label: str, keep: int = 4) -> EvalResult:
     """``Run.evaluate`` with the success count, its interval, and samples of solved *and* failed episodes
-    (half each where there are both) instead of the first few."""
+    (half each where there are both) instead of the first few; logs its seconds (``eval_s``) and, on the embedded
+    engine, those the engine spent decoding (``eval_decode_s``; the rest is host work: renders, env steps)."""
     from vlrl.envs.maze_text import VISGYM_TURNS
     from vlrl.rollout.io import write_jsonl
 
+    counter = getattr(run.engine, "stats", {}).get  # the embedded engine's: the seconds it spent decoding
+    busy, t0 = counter("decode_s"), time.time()
     trajs = greedy_rollouts(run, run.eval_rows)
+    took = {"eval_s": time.time() - t0} | ({} if busy is None else {"eval_decode_s": counter("decode_s") - busy})
     solved = [t for t in trajs if t.total_reward > 0]
     failed = [t for t in trajs if t.total_reward <= 0]
     low, high = wilson(len(solved), len(trajs))
@@ -175,7 +179,7 @@ def evaluate(run, step: int, label: str, keep: int = 4) -> EvalResult:
     within = None if budget is None else sum(len(t.turns) <= budget for t in solved)
     result = EvalResult(label, len(solved), len(trajs), low, high, within)
     mean = sum(t.total_reward for t in trajs) / max(1, len(trajs))
-    stats = {"eval_reward_mean": mean, "eval_success": result.success, "label": label}
+    stats = {"eval_reward_mean": mean, "eval_success": result.success, "label": label} | took
     run.log.metrics(step, "eval", stats | {"eval_episodes": len(trajs), "success_low": low, "success_high": high})
     half = keep // 2
     shown = solved[: max(half, keep - len(failed))] + failed[: max(half, keep - len(solved))]
