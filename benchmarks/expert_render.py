@@ -1,6 +1,6 @@
 """What the rollout path spends rendering a batch of maze expert episodes (``vlrl.envs.maze_sft_data``): every
 turn re-renders the conversation so far, as a policy's rollout does. (Expert episodes themselves are rendered
-once since eaea7fe, ``vlrl.rollout.scripted_once``; this measures the per-turn path, ``scripts="per_turn"``.)
+once since 4bcf105, ``vlrl.rollout.scripted_once``; this measures the per-turn path, ``scripts="per_turn"``.)
 Times one batch of ``--rows`` episodes of a level with the decoded-image cache of ``vlrl.messages`` off (a zero
 budget) and on, each on its own fresh mazes after a warm-up batch, and counts the data URIs decoded; the mazes
 differ, so compare per turn. The tiny model on the CPU (rendering is CPU work on any host). ``--pixel-runs N`` then
