@@ -2,8 +2,9 @@
 
 The rollout path (:meth:`vlrl.rollout.episode.EpisodeRunner.run`) renders the whole conversation again every turn:
 message preparation, chat template and tokenizer grow with the conversation, so an episode's render work grows
-with the square of its turns. On maze2d/easy the expert SFT batches that the farm's CPU workers build that way
-look to be what binds a GPU step (docs/maze.md, "Next (GPU)" item 4). A scripted episode without a scorer never
+with the square of its turns. On maze2d/easy the expert SFT batches that the farm's CPU workers built that way
+fell behind the GPU's steps (83-100 % fresh batches); built this way, 8 workers keep pace (docs/maze.md, item 23).
+A scripted episode without a scorer never
 reads its prompts, so it can play the env to the end and render the finished conversation once; the trajectory
 is cut from that one render at the assistant turns: the first render's ids, then each turn's scripted ids (made
 and closed by the rollout path's own code: ``scripted_generation``, ``EpisodeRunner.closed``) and the tokens
