@@ -10,11 +10,13 @@ cores) -- the curve the recipe header records for ``vlrl train`` at 79a6f80. In 
 of its own (one request of 8 samples per row) four runs stopped at 0.58-0.81 by step 60 -- the recipe header records
 the same spread across seeds for ``vlrl train``.
 
-Runs differ in the last bits (the engine's prefix-KV reuse and which concurrent requests share a batch move
-logprobs by ~1e-7; a sampled token flips some 20-30 steps in), so each run is in effect its own seed. Every run
-measured briefly breaks its format somewhere past step 30 (a quarter of the replies junk tokens, recovered in 1-3
-steps); one CI run broke it for good at step 70 (eval 0.0, no group with a reward left to learn from). Evaluating
-every 5 steps instead of 10 stops a run nearer the step that reached the bar.
+Runs differ in the last bits: the engine's prefix-KV reuse and which concurrent requests share a batch move
+sampled logprobs by ~1e-6, and a sampled token flips 21-28 steps in, so each run is in effect its own seed (with
+the prefix cache off and one request at a time, two runs were bit-identical). Every full run measured broke its
+format for a step or two between steps 32 and 65 (22-34 % of the replies not a colour word) and recovered; one CI
+run broke it for good at step 70 (eval 0.0, no group with a reward left to learn from). Evaluating every 5 steps
+instead of 10 stops a run nearer the step that reached the bar. Measured with ``benchmarks/tinker_rl_study.py``
+(``benchmarks/results/tinker_rl_study/``).
 """
 
 from __future__ import annotations
