@@ -31,7 +31,7 @@ class PrefixIds:
     def __init__(self, tokenizer: Any, max_bytes: int = 64 << 20):
         self.tokenizer = tokenizer
         self._kept: LruBytes[tuple[int, ...]] = LruBytes(max_bytes)
-        self.tokenized_chars = 0
+        self.tokenized_chars = 0  # _whole counts; the probe's own characters are set back to 0 below
         self.enabled = max_bytes > 0 and all(self._whole(a + b) == self._whole(a) + self._whole(b) for a, b in _PROBES)
         self.tokenized_chars = 0
         """Characters handed to the tokenizer since the probe (what the kept prefixes saved is the rest)."""
