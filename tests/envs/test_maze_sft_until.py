@@ -97,3 +97,32 @@ def test_a_clock_that_cuts_the_eval_keeps_the_sft_weights(tmp_path, monkeypatch)
     assert (tmp_path / "weights" / "model.safetensors").is_file(), "the cut eval took the SFT weights with it"
     reloaded = AutoModelForImageTextToText.from_pretrained(tmp_path / "weights").state_dict()  # as the next level
     assert reloaded.keys() == trained.keys() and all(torch.equal(reloaded[k], trained[k]) for k in trained)
+
+
+def test_a_level_continued_from_its_own_weights_directory_saves_over_it(tmp_path, monkeypatch):
+    """``--weights /tmp/mc/easy/weights`` with ``--out /tmp/mc`` (a level continued from the directory it saves to):
+    on the GPU, deleting the directory before copying its files lost the call's SFT at the save (chain_v14)."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from vlrl.envs.maze_curriculum import train_level
+
+    trained = {}
+    real_sft = maze_curriculum.sft_phase
+
+    def sft(run, deadline, plan):
+        out = real_sft(run, deadline, plan)
+        trained.update({k: v.detach().clone() for k, v in run.model.state_dict().items()})
+        return out
+
+    monkeypatch.setattr(maze_curriculum, "sft_phase", sft)
+    unrun = maze_curriculum.EvalResult("after_sft", 0, 0, 0.0, 1.0)  # the evals are not what this test is about
+    monkeypatch.setattr(maze_curriculum, "evaluate", lambda *a: unrun)
+    plan = LevelPlan("5x5", 600, 0, overrides=(*CPU, "sft.steps=1"), sft_pool=1)
+    first = train_level(plan, tmp_path)
+    before = {k: v.clone() for k, v in trained.items()}
+    again = train_level(plan, tmp_path, model_path=first.weights)
+    assert again.weights == first.weights and not list(tmp_path.glob("*.new"))
+    reloaded = AutoModelForImageTextToText.from_pretrained(again.weights).state_dict()
+    assert all(torch.equal(reloaded[k], trained[k]) for k in trained)  # the continued SFT's weights, on disk
+    assert any(not torch.equal(before[k], trained[k]) for k in trained)  # it started from the first and moved on

@@ -78,9 +78,8 @@ class LevelPlan:
     """Seconds over which the SFT lr ramps up linearly from 0 (then the linear decay): the format tokens are
     learned in the first ~50 steps, and at full lr the model learns to ignore the image meanwhile."""
     first_turns: float = 0.0
-    """Seconds of SFT on the expert's first turns alone (each row cut to one turn: the first move) before whole
-    episodes: a first move is decided by the image alone, where in a whole episode the later moves follow from the
-    history and outweigh it in the loss."""
+    """Seconds of SFT on the expert's first turns alone (each row cut to its first move) before whole episodes: the
+    image alone decides a first move, where in a whole episode the history decides most moves and outweighs it."""
     first_start: Start = "corner"
     """Where the first-turn rows put the agent: the level's corners (VisGym's starts) or ``random`` floor tiles, so
     each first move is read from a different spot among the walls, as every later turn of an episode must be."""
@@ -288,13 +287,14 @@ def rl_phase(run, plan: LevelPlan, deadline: float, evals: list[EvalResult], eva
 
 
 def save_weights(run, dest: Path) -> Path:
-    """A loadable model directory with the run's current weights: the source checkpoint's config,
-    tokenizer and processor files, the trained safetensors."""
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.copytree(run.model_dir, dest, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json"))
-    run.model.save_pretrained(dest)
-    return dest
+    """A loadable model directory of the run's weights and the start's other files, built beside ``dest`` and swapped
+    in: ``dest`` may be where the run started from (deleting it before the copy lost chain_v14 a call's SFT)."""
+    new = dest.with_name(dest.name + ".new")
+    shutil.rmtree(new, ignore_errors=True)
+    shutil.copytree(run.model_dir, new, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json"))
+    run.model.save_pretrained(new)
+    shutil.rmtree(dest, ignore_errors=True)
+    return new.rename(dest)
 
 
 def start_weights(plan: LevelPlan, out: str | Path, model_path: str | Path | None) -> str | Path | None:
