@@ -82,3 +82,14 @@ def test_a_missing_part_is_named_not_loaded(packed, tmp_path, left_behind):
     with pytest.raises(ValueError, match="do not make a whole pack"):
         _module().unpack(some, tmp_path / "w")
     assert not (tmp_path / "w" / "model.safetensors").exists()
+
+
+def test_the_tensor_bytes_travel_split_and_smaller(tmp_path, monkeypatch):
+    """A bf16's high bytes (sign, exponent) apart from its low bytes compress where interleaved ones did not: the
+    small model's pack is 61.1 MiB (4 parts, one call back) against 68.5 MiB (5 parts, two calls)."""
+    mod = _module()
+    src = Path(start_checkpoint("qwen2_5_vl", "tiny", "fan_in"))
+    split = sum(p.stat().st_size for p in mod.pack(src, tmp_path / "split"))
+    monkeypatch.setattr(mod, "_split", lambda data: (data, len(data)))  # the bytes as they were
+    plain = sum(p.stat().st_size for p in mod.pack(src, tmp_path / "plain"))
+    assert split < 0.92 * plain, (split, plain)
