@@ -67,6 +67,20 @@ def checkpoint_choices(model_dir: str | Path) -> dict[str, Any]:
     }
 
 
+def _manifest(
+    arch: str, model: str, init: str, seed: int, n_params: int, image_side: int | None, image_stats: str
+) -> dict[str, Any]:
+    """``vlrl_model.json`` of a start checkpoint: what built it, and how (:func:`checkpoint_choices` reads it back)."""
+    manifest = {"arch": arch, "size": f"maze_{model}", "init": init, "seed": seed, "n_params": n_params}
+    if model == "small":
+        manifest["window"] = SMALL_WINDOW
+    if image_side:
+        manifest["image_side"] = image_side
+    if image_stats == "maze":
+        manifest["image_stats"] = image_stats
+    return manifest | {"builder": __name__}
+
+
 def start_checkpoint(
     arch: str = "qwen2_5_vl",
     model: CurriculumModel = "small",
@@ -123,14 +137,7 @@ def start_checkpoint(
             proc.image_mean, proc.image_std = (list(v) for v in MAZE_IMAGE_STATS)
     processor.save_pretrained(tmp)
     n_params = sum(p.numel() for p in net.parameters())
-    manifest = {"arch": arch, "size": f"maze_{model}", "init": init, "seed": seed, "n_params": n_params}
-    if model == "small":
-        manifest["window"] = SMALL_WINDOW
-    if image_side:
-        manifest["image_side"] = image_side
-    if image_stats == "maze":
-        manifest["image_stats"] = image_stats
-    manifest["builder"] = __name__
+    manifest = _manifest(arch, model, init, seed, n_params, image_side, image_stats)
     (tmp / "vlrl_model.json").write_text(json.dumps(manifest) + "\n")
     if (path / "vlrl_model.json").exists():  # another process built it meanwhile
         shutil.rmtree(tmp)
