@@ -69,6 +69,20 @@ def test_without_sft_until_no_probe_runs(tmp_path, monkeypatch):
     assert steps == 2
 
 
+def _weights_after_sft(monkeypatch) -> dict:
+    """The model's state as each SFT phase ends (the real phase, then a copy of the weights it left)."""
+    trained: dict = {}
+    real_sft = maze_curriculum.sft_phase
+
+    def sft(run, deadline, plan):
+        out = real_sft(run, deadline, plan)
+        trained.update({k: v.detach().clone() for k, v in run.model.state_dict().items()})
+        return out
+
+    monkeypatch.setattr(maze_curriculum, "sft_phase", sft)
+    return trained
+
+
 def test_a_clock_that_cuts_the_eval_keeps_the_sft_weights(tmp_path, monkeypatch):
     """The level's weights are written when SFT ends, before its eval: on the GPU a 10-minute command's clock
     killed easy's after-SFT eval (200 mazes of up to 30 turns) and, with the weights written only at the end,
@@ -81,15 +95,7 @@ def test_a_clock_that_cuts_the_eval_keeps_the_sft_weights(tmp_path, monkeypatch)
     def cut(*args, **kwargs):
         raise KeyboardInterrupt("the command's clock")
 
-    trained = {}
-    real_sft = maze_curriculum.sft_phase
-
-    def sft(run, deadline, plan):
-        out = real_sft(run, deadline, plan)
-        trained.update({k: v.detach().clone() for k, v in run.model.state_dict().items()})
-        return out
-
-    monkeypatch.setattr(maze_curriculum, "sft_phase", sft)
+    trained = _weights_after_sft(monkeypatch)
     monkeypatch.setattr(maze_curriculum, "evaluate", cut)
     plan = LevelPlan("5x5", 600, 0, overrides=(*CPU, "sft.steps=2"), sft_pool=1)
     with pytest.raises(KeyboardInterrupt, match="clock"):
@@ -107,15 +113,7 @@ def test_a_level_continued_from_its_own_weights_directory_saves_over_it(tmp_path
 
     from vlrl.envs.maze_curriculum import train_level
 
-    trained = {}
-    real_sft = maze_curriculum.sft_phase
-
-    def sft(run, deadline, plan):
-        out = real_sft(run, deadline, plan)
-        trained.update({k: v.detach().clone() for k, v in run.model.state_dict().items()})
-        return out
-
-    monkeypatch.setattr(maze_curriculum, "sft_phase", sft)
+    trained = _weights_after_sft(monkeypatch)
     unrun = maze_curriculum.EvalResult("after_sft", 0, 0, 0.0, 1.0)  # the evals are not what this test is about
     monkeypatch.setattr(maze_curriculum, "evaluate", lambda *a: unrun)
     plan = LevelPlan("5x5", 600, 0, overrides=(*CPU, "sft.steps=1"), sft_pool=1)
