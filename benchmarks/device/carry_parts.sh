@@ -4,8 +4,8 @@
 # reports). SRC holds p1, p2, ... each with part.* files, read in that order as one stream. By default a part is
 # what is left of 64 MiB after the tracked files, .whl and 2 MiB of margin (SIZE=20M to choose). Two uses:
 # - the CUDA vLLM bundle of ../shared/tools/gpu-vllm/bundle.sh (DIR/p1..p4, 48 MiB parts; this was vllm_parts.sh);
-# - a model directory packed on the device by benchmarks/device/weights_parts.py and brought back in ≤ 15.75 MiB parts
-#   (put them under SRC/p1/).
+# - a model directory packed on the device by benchmarks/device/weights_parts.py and brought back in parts of
+#   ≤ 15.75 MiB (put them under SRC/p1/).
 # Usage (here): bash benchmarks/device/carry_parts.sh [.gpuwork/vllm] [.gpuwork/v20]
 # Then one `run` per part, back to back on one warm machine (the vLLM bundle; weights alike into /tmp/wparts):
 #   carry [".whl", ".gpuwork/v20/p1"]: mkdir -p /tmp/vw && cp .gpuwork/v20/p1/part.* /tmp/vw/ && <a first command>

@@ -4,8 +4,8 @@
 #   A later command on the same warm machine starts from the last level's weights with --weights /tmp/mc/LEVEL/weights.
 #   BACK=1: the last level's model directory leaves the machine, packed by benchmarks/device/weights_parts.py (bf16,
 #   ≤ 15.75 MiB parts in /tmp/wp; tiny: 1 part, small: 4): part.00-03 come back with this call (a 5th, if any, by
-#   `cp /tmp/wp/part.0[4-9] $OUT/` in a next call). PARTS=dir: start the first level from such parts, carried into dir over earlier
-#   calls (weights_parts.py's header). The directory travels whole, so its processor (image_stats) comes along.
+#   `cp /tmp/wp/part.0[4-9] $OUT/` in a next call). PARTS=dir: start the first level from such parts, carried into
+#   dir over earlier calls (weights_parts.py's header). The directory travels whole, so its processor comes along.
 set -uo pipefail
 source benchmarks/device/env.sh
 tag=$1; shift
