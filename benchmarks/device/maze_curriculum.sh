@@ -3,7 +3,7 @@
 # Usage (device tool, carry [".whl"]): [LIMIT=s] bash benchmarks/device/maze_curriculum.sh TAG [--plan ...]
 #   A later command on the same warm machine starts from the last level's weights with --weights /tmp/mc/LEVEL/weights.
 #   BACK=1: the last level's model directory leaves the machine, packed by benchmarks/device/weights_parts.py (bf16,
-#   ≤ 15.75 MiB parts in /tmp/wp; tiny: 1 part, small: 4): part.00-03 come back with this call (a 5th, if any, by
+#   ≤ 15.75 MiB parts in /tmp/wp; tiny: 2 parts, small: 4): part.00-03 come back with this call (a 5th, if any, by
 #   `cp /tmp/wp/part.0[4-9] $OUT/` in a next call). PARTS=dir: start the first level from such parts, carried into
 #   dir over earlier calls (weights_parts.py's header). The directory travels whole, so its processor comes along.
 set -uo pipefail
