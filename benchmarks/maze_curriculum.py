@@ -56,6 +56,7 @@ def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
         sft_until=args.sft_until,
         probe_seconds=args.probe_seconds,
         takeover=args.takeover,
+        snapshot_seconds=args.snapshot_seconds,
     )
 
 
@@ -101,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         help="N:M, every N-th SFT step on takeover episodes: the policy plays up to M turns, then the expert (0: off)",
     )
     ap.add_argument("--eval-every", type=int, default=0, help="also evaluate every N RL steps")
+    ap.add_argument(
+        "--snapshot-seconds", type=float, default=0.0, help="save the weights every N s of SFT (<level>/snapshots)"
+    )
     ap.add_argument("--json", default=None, help="results file (default <out>/results.json)")
     args = ap.parse_args(argv)
     out = Path(args.out)

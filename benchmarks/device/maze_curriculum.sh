@@ -16,7 +16,7 @@ if [ -n "${PARTS:-}" ]; then
 fi
 timeout "${LIMIT:-570}" python3 benchmarks/maze_curriculum.py --out /tmp/mc "${args[@]}" "$@" 2>&1 \
   | grep --line-buffered -v -e "Loading weights" -e "Writing model" | tee "$OUT/$tag.log"
-(cd /tmp/mc && tar czf "$OUT/$tag.tgz" --exclude weights --exclude tb --exclude checkpoints .)
+(cd /tmp/mc && tar czf "$OUT/$tag.tgz" --exclude weights --exclude snapshots --exclude '*.new' --exclude tb --exclude checkpoints .)
 last=$(ls -d /tmp/mc/*/weights 2>/dev/null | tail -1)
 if [ -n "$last" ] && [ -n "${BACK:-}" ]; then
   rm -rf /tmp/wp && python3 benchmarks/device/weights_parts.py pack "$last" /tmp/wp && cp /tmp/wp/part.0[0-3] "$OUT/"

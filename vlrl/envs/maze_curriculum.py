@@ -19,11 +19,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from vlrl.envs.maze_weights import Snapshots, save_weights
 
 if TYPE_CHECKING:
     from vlrl.envs.maze2d import Start
@@ -94,6 +95,9 @@ class LevelPlan:
     takeover: tuple[int, int] = (0, 12)
     """(N, M): every N-th SFT step (N > 0) starts a batch of takeover episodes, the policy playing up to M turns
     before the expert (:mod:`vlrl.envs.maze_sft_pool`); 0: expert episodes only."""
+    snapshot_seconds: float = 0.0
+    """Save the weights every N seconds of SFT under ``<out>/snapshots`` (:class:`vlrl.envs.maze_weights.Snapshots`),
+    for a process that trains a whole device lease; 0: only at the level's end."""
 
 
 @dataclass(frozen=True)
@@ -227,6 +231,7 @@ def sft_phase(run, deadline: float, plan: LevelPlan) -> tuple[int, int]:
         takeover=plan.takeover,
     )
     probe = run.next_rows(plan.probe_rows) if plan.sft_until else []
+    snapshots = Snapshots(run, run.log.dir / "snapshots", plan.snapshot_seconds)
     k, last, t0, probed = 0, 0.0, time.time(), time.time()
     try:
         while k < cfg.sft.steps and time.time() + last < deadline:
@@ -245,6 +250,7 @@ def sft_phase(run, deadline: float, plan: LevelPlan) -> tuple[int, int]:
             extra = {"sft_episodes": pool.built[False] * cfg.sft.rows_per_step, "first_turns": float(first)}
             extra |= {"takeovers": float(pool.takeovers), "takeover_s": pool.takeover_s}
             run.log.metrics(k, "sft", values | extra | {"lr_factor": decay})
+            snapshots.maybe(k)
             last = time.time() - t
     finally:
         pool.close()
@@ -284,17 +290,6 @@ def rl_phase(run, plan: LevelPlan, deadline: float, evals: list[EvalResult], eva
         if plan.eval_every and step % plan.eval_every == 0:
             evals.append(evaluate(run, step, "during"))
     return step
-
-
-def save_weights(run, dest: Path) -> Path:
-    """A loadable model directory of the run's weights and the start's other files, built beside ``dest`` and swapped
-    in: ``dest`` may be where the run started from (deleting it before the copy lost chain_v14 a call's SFT)."""
-    new = dest.with_name(dest.name + ".new")
-    shutil.rmtree(new, ignore_errors=True)
-    shutil.copytree(run.model_dir, new, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json"))
-    run.model.save_pretrained(new)
-    shutil.rmtree(dest, ignore_errors=True)
-    return new.rename(dest)
 
 
 def start_weights(plan: LevelPlan, out: str | Path, model_path: str | Path | None) -> str | Path | None:

@@ -1,0 +1,75 @@
+"""benchmarks/device/lease.sh, run here as on the device (LEASE_LOCAL: without the device's env): the call that starts
+the curriculum returns while it trains, from a session of its own (the device ends every process of a returned
+command but those), and a later call brings back the run's log and its final weights as parts that load."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAN = ["--plan", "5x5:600:0:1", "--snapshot-seconds", "1e-6"]
+CPU = [
+    *("--set", "model.device=cpu", "--set", "sft.steps=2", "--set", "sft.rows_per_step=2"),
+    *("--set", "optim.micro_batch_size=2", "--set", "data.train_rows=16", "--set", "data.eval_rows=2"),
+    *("--set", 'data.extras={"expert_noise":0.0,"max_turns":3}'),
+]
+
+
+def lease(tmp_path, *args, limit: int) -> subprocess.CompletedProcess:
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    for f in out.iterdir():  # the device empties $OUT before each call
+        f.unlink()
+    env = os.environ | {
+        "LEASE_LOCAL": "1",
+        "LEASE_DIR": str(tmp_path / "lease"),
+        "OUT": str(out),
+        "LIMIT": str(limit),
+        "OMP_NUM_THREADS": "1",  # a pytest worker's share of the cores
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # python3 = this interpreter
+    }
+    cmd = ["bash", "benchmarks/device/lease.sh", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.train
+def test_the_run_outlives_the_call_that_started_it_and_a_later_call_brings_back_its_weights(tmp_path):
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "device"))
+    from weights_parts import unpack
+
+    t0 = time.time()
+    try:
+        started = lease(tmp_path, "start", "t", *PLAN, *CPU, limit=0)
+        assert started.returncode == 0, started.stdout + started.stderr
+        pid = int((tmp_path / "lease" / "pid").read_text())
+        assert not (tmp_path / "lease" / "rc").exists(), "the start call waited for the run"
+        assert os.getsid(pid) == pid != os.getsid(0), "the run must lead a session of its own"
+        assert "the run goes on" in started.stdout
+        watched = lease(tmp_path, "watch", "t", limit=300)
+        assert watched.returncode == 0 and "the run ended: rc 0" in watched.stdout, watched.stdout + watched.stderr
+        out = tmp_path / "out"
+        assert '"level": "5x5"' in (out / "t-2.log").read_text()
+        with tarfile.open(out / "t-2.tgz") as tar:
+            names = tar.getnames()
+        assert "./5x5/metrics.jsonl" in names and not [n for n in names if "weights" in n or "snapshots" in n]
+        final = tmp_path / "lease" / "mc" / "5x5" / "weights"
+        assert "packed " + str(final) in watched.stdout  # the level's end, newer than its snapshots
+        unpacked = unpack(out, tmp_path / "back")
+        got = AutoModelForImageTextToText.from_pretrained(unpacked).state_dict()
+        want = AutoModelForImageTextToText.from_pretrained(final).state_dict()
+        assert all(torch.equal(got[k], want[k].to(torch.bfloat16).to(want[k].dtype)) for k in want)
+        again = lease(tmp_path, "watch", "t", limit=0)
+        assert "packed" not in again.stdout and not list(out.glob("part.*"))  # brought back once
+        assert time.time() - t0 < 300
+    finally:
+        lease(tmp_path, "stop", "t", limit=0)  # a run a failed check left going
