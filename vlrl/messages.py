@@ -138,6 +138,13 @@ images (``benchmarks/expert_render.py``). Python keeps a string's hash, so each 
 _DECODED_LOCK = threading.Lock()  # renders run on several threads (EmbeddedRenderer workers)
 
 
+def forget_decoded() -> None:
+    """Empty the decoded-URI cache: for a process whose next conversations share no image with the last ones (a
+    farm worker between batches of fresh mazes), up to 256 MiB of pixels it would keep for nothing."""
+    with _DECODED_LOCK:
+        _DECODED.clear()
+
+
 def _payload(part: dict[str, Any], where: dict[str, int | None]) -> Any:
     if part.get("type") == "image_url":
         spec = part.get("image_url")

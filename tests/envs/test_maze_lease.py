@@ -12,14 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from maze_cpu import cpu_overrides  # tests/envs is on sys.path (as sample_envs)
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = ["--plan", "5x5:600:0:1", "--snapshot-seconds", "1e-6"]
-CPU = [
-    *("--set", "model.device=cpu", "--set", "sft.steps=2", "--set", "sft.rows_per_step=2"),
-    *("--set", "optim.micro_batch_size=2", "--set", "data.train_rows=16", "--set", "data.eval_rows=2"),
-    *("--set", 'data.extras={"expert_noise":0.0,"max_turns":3}'),
-]
+CPU = [a for s in (*cpu_overrides(), "sft.steps=2", "data.eval_rows=2") for a in ("--set", s)]
 
 
 def lease(tmp_path, *args, limit: int) -> subprocess.CompletedProcess:

@@ -13,18 +13,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from maze_cpu import cpu_overrides  # tests/envs is on sys.path (as sample_envs)
 
 from vlrl.envs.maze_curriculum import LevelPlan, level_config, sft_phase
 from vlrl.envs.maze_sft_pool import SftPool
 
-CPU = (
-    "model.device=cpu",
-    "sft.rows_per_step=2",
-    "optim.micro_batch_size=2",
-    "data.train_rows=64",
-    "data.eval_rows=4",
-    'data.extras={"expert_noise":0.0,"max_turns":3}',
-)
+CPU = cpu_overrides(64)
 
 
 @pytest.fixture
@@ -245,3 +239,28 @@ def test_filled_by_processes_a_worker_renders_the_takeover_batch_a_later_step_tr
     mine = run.collate(takeover_episodes(run, rows, TAKEOVER_SEED + 1, turns=2))
     for field in ("input_ids", "attention_mask", "loss_mask", "pixel_values", "turn_index"):
         assert torch.equal(getattr(mine, field), getattr(theirs, field)), field
+
+
+def test_a_worker_lets_go_of_each_batch_it_built(run, tmp_path, monkeypatch):
+    """A worker keeps building for a whole level (~1,000 s in a lease-long run): after each batch it drops the
+    renderer's caches and the decoded images (the next mazes are new) and trims the C heap
+    (benchmarks/farm_worker_memory.py: without, a worker's memory grew batch after batch)."""
+    import dataclasses
+
+    from vlrl import messages
+    from vlrl.envs import maze_sft_farm as farm
+    from vlrl.render.embedded import EmbeddedRenderer
+
+    farm._malloc_trim()  # the real one: glibc's here, and harmless
+    renderer = EmbeddedRenderer.from_pretrained(run.model_dir)
+    monkeypatch.setitem(farm._WORKER, "renderer", renderer)  # what the worker's start sets
+    monkeypatch.setitem(farm._WORKER, "spec", run.spec)
+    trims, decoded = [], []
+    monkeypatch.setattr(farm, "_malloc_trim", lambda: trims.append(len(messages._DECODED)))
+    forget = messages.forget_decoded
+    monkeypatch.setattr(messages, "forget_decoded", lambda: (decoded.append(len(messages._DECODED)), forget()))
+    config = dataclasses.replace(run.rollout_config(0, repeats=1), max_context=run.engine.max_context, progress=False)
+    path = farm._build(run.next_rows(2), config, 3, True, "SFT batch", str(tmp_path / "b.pt"), None)
+    assert torch.load(path, weights_only=False).loss_mask.sum() > 0
+    assert decoded[0] > 0 and trims == [0]  # the batch's images were there, then gone before the trim
+    assert len(renderer._cache) == 0 and len(messages._DECODED) == 0

@@ -8,18 +8,12 @@ import json
 import time
 
 import pytest
+from maze_cpu import cpu_overrides  # tests/envs is on sys.path (as sample_envs)
 
 from vlrl.envs import maze_curriculum
 from vlrl.envs.maze_curriculum import LevelPlan, level_config, sft_phase
 
-CPU = (
-    "model.device=cpu",
-    "sft.rows_per_step=2",
-    "optim.micro_batch_size=2",
-    "data.train_rows=16",
-    "data.eval_rows=4",
-    'data.extras={"expert_noise":0.0,"max_turns":3}',
-)
+CPU = cpu_overrides()
 
 
 def test_sft_stops_at_the_first_probe_that_reaches_the_fraction(tmp_path, monkeypatch):

@@ -8,18 +8,12 @@ import os
 import time
 
 import pytest
+from maze_cpu import cpu_overrides  # tests/envs is on sys.path (as sample_envs)
 
 from vlrl.envs.maze_curriculum import LevelPlan, level_config, sft_phase
 from vlrl.envs.maze_weights import SUFFIX, Snapshots, newest
 
-CPU = (
-    "model.device=cpu",
-    "sft.rows_per_step=2",
-    "optim.micro_batch_size=2",
-    "data.train_rows=16",
-    "data.eval_rows=4",
-    'data.extras={"expert_noise":0.0,"max_turns":3}',
-)
+CPU = cpu_overrides()
 
 
 def test_sft_leaves_a_loadable_snapshot_of_each_step_and_keeps_the_newest_two(tmp_path, monkeypatch):
