@@ -6,8 +6,9 @@ between batches grew without end. Each way runs in a fresh process (the farm's o
 ``_build`` on fresh training mazes, batch after batch, as a worker does), recording the resident set after each:
 
 - ``forget``: what a worker did before: the renderer's caches dropped between batches;
-- ``release``: what it does now (``maze_sft_farm._release``): also the decoded-image cache, then glibc's
-  ``malloc_trim``.
+- ``release``: what it does now (``maze_sft_farm._release``): the decoded-image cache dropped too, and glibc's
+  ``malloc_trim`` only once the worker is ``TRIM_ABOVE`` over where its first batch left it;
+- ``trim_each``: ``release`` with ``malloc_trim`` after every batch.
 
     python benchmarks/farm_worker_memory.py --level 7x7 --rows 8 --batches 90
 
@@ -28,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 RESULTS = Path(__file__).resolve().parent / "results" / "farm_worker_memory_cpu.json"
-WAYS = ("forget", "release")
+WAYS = ("forget", "release", "trim_each")
 
 
 def rss_mb() -> float:
@@ -51,6 +52,8 @@ def one_way(way: str, level: str, rows: int, batches: int) -> dict:
     farm._start(str(run.model_dir), run.spec, out)
     if way == "forget":
         farm._release = lambda: farm._WORKER["renderer"].forget()  # the worker before
+    elif way == "trim_each":
+        farm.TRIM_ABOVE = -(2**62)  # the heap trimmed after every batch
     start, rss, seconds = rss_mb(), [], []
     for i in range(batches):
         t = time.time()
@@ -77,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, __file__, "--way", way, "--level", args.level, "--rows", str(args.rows)]
         done = subprocess.run([*cmd, "--batches", str(args.batches)], capture_output=True, text=True, check=True)
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-        r = runs[-1]
-        print(f"{way}: {r['rss_start_mb']} MB at the start, {r['rss_mb'][-1]} MB after {args.batches} batches", flush=True)
+        start, end = runs[-1]["rss_start_mb"], runs[-1]["rss_mb"][-1]
+        print(f"{way}: {start} MB at the start, {end} MB after {args.batches} batches", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     record = {"commit": commit, "date": time.strftime("%Y-%m-%d"), "level": args.level, "rows": args.rows}
     record |= {"batches": args.batches, "threads": 1, "runs": runs}

@@ -28,7 +28,8 @@ case $verb in
       echo "a lease run goes on here (pid $(cat "$dir/pid")): watch it, or stop it first"
       exit 1
     fi
-    rm -rf "$dir" && mkdir -p "$dir/src/benchmarks" || exit 1
+    # an earlier run's dir stays as $dir.prev: a run that died can go on from its newest weights (--weights DIR)
+    rm -rf "$dir.prev" && { [ ! -d "$dir" ] || mv "$dir" "$dir.prev"; } && mkdir -p "$dir/src/benchmarks" || exit 1
     cp -r vlrl "$dir/src/" && cp benchmarks/maze_curriculum.py "$dir/src/benchmarks/" || exit 1
     args=()
     if [ -n "${PARTS:-}" ]; then

@@ -243,8 +243,9 @@ def test_filled_by_processes_a_worker_renders_the_takeover_batch_a_later_step_tr
 
 def test_a_worker_lets_go_of_each_batch_it_built(run, tmp_path, monkeypatch):
     """A worker keeps building for a whole level (~1,000 s in a lease-long run): after each batch it drops the
-    renderer's caches and the decoded images (the next mazes are new) and trims the C heap
-    (benchmarks/farm_worker_memory.py: without, a worker's memory grew batch after batch)."""
+    renderer's caches and the decoded images (the next mazes are new), and trims the C heap once its resident set is
+    TRIM_ABOVE past where its first batch left it (benchmarks/farm_worker_memory.py: with the decoded images kept, a
+    worker's memory grew batch after batch)."""
     import dataclasses
 
     from vlrl import messages
@@ -255,12 +256,20 @@ def test_a_worker_lets_go_of_each_batch_it_built(run, tmp_path, monkeypatch):
     renderer = EmbeddedRenderer.from_pretrained(run.model_dir)
     monkeypatch.setitem(farm._WORKER, "renderer", renderer)  # what the worker's start sets
     monkeypatch.setitem(farm._WORKER, "spec", run.spec)
+    monkeypatch.delitem(farm._WORKER, "rss_floor", raising=False)
     trims, decoded = [], []
     monkeypatch.setattr(farm, "_malloc_trim", lambda: trims.append(len(messages._DECODED)))
     forget = messages.forget_decoded
     monkeypatch.setattr(messages, "forget_decoded", lambda: (decoded.append(len(messages._DECODED)), forget()))
     config = dataclasses.replace(run.rollout_config(0, repeats=1), max_context=run.engine.max_context, progress=False)
-    path = farm._build(run.next_rows(2), config, 3, True, "SFT batch", str(tmp_path / "b.pt"), None)
-    assert torch.load(path, weights_only=False).loss_mask.sum() > 0
-    assert decoded[0] > 0 and trims == [0]  # the batch's images were there, then gone before the trim
-    assert len(renderer._cache) == 0 and len(messages._DECODED) == 0
+
+    def build(seed):
+        path = farm._build(run.next_rows(2), config, seed, True, "SFT batch", str(tmp_path / f"{seed}.pt"), None)
+        assert torch.load(path, weights_only=False).loss_mask.sum() > 0
+
+    build(3)
+    assert decoded[0] > 0 and len(messages._DECODED) == 0  # the batch's images were there, then gone
+    assert len(renderer._cache) == 0 and trims == [] and farm._WORKER["rss_floor"] > 0  # its first batch: the floor
+    monkeypatch.setattr(farm, "TRIM_ABOVE", -1)  # as if the worker had grown past the margin
+    build(4)
+    assert decoded[1] > 0 and trims == [0]  # trimmed, after the images went

@@ -169,16 +169,33 @@ def _build(rows: list, config: Any, seed: int, masked: bool, what: str, path: st
     return path
 
 
+TRIM_ABOVE = 1 << 30
+"""A worker trims the C heap only once its resident set is this far above where its first batch left it: a trim after
+every batch kept it flat but cost a quarter of an easy batch's time (the freed pages faulted back in)."""
+
+
 def _release() -> None:
-    """Let go of a built batch: the next batch's mazes are new, so a worker holds one batch's images at a time, and
-    the C heap returns what they freed. Without the trim a worker's resident memory grew ~21 MB a batch of 8 7x7
-    episodes without end (glibc keeps freed chunks in its per-thread arenas); with it, it levels off
-    (``benchmarks/farm_worker_memory.py``)."""
+    """Let go of a built batch: the next batch's mazes are new, so a worker holds one batch's images at a time. The
+    decoded-image cache goes too: its entries, made among each batch's large buffers and kept after them, grew a
+    worker's resident set without end (7x7: 979 -> 3,121 MB over 90 batches; flat without them); the heap is trimmed
+    only past :data:`TRIM_ABOVE` (``benchmarks/farm_worker_memory.py``)."""
     from vlrl.messages import forget_decoded
 
     _WORKER["renderer"].forget()
     forget_decoded()
-    _malloc_trim()
+    rss = _resident_bytes()
+    floor = _WORKER.setdefault("rss_floor", rss)
+    if rss is not None and floor is not None and rss > floor + TRIM_ABOVE:
+        _malloc_trim()
+
+
+def _resident_bytes() -> int | None:
+    """This process's resident set (Linux's ``/proc/self/statm``; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _malloc_trim() -> None:
