@@ -171,14 +171,14 @@ def _build(rows: list, config: Any, seed: int, masked: bool, what: str, path: st
 
 TRIM_ABOVE = 1 << 30
 """A worker trims the C heap only once its resident set is this far above where its first batch left it: a trim after
-every batch kept it flat but cost a quarter of an easy batch's time (the freed pages faulted back in)."""
+every batch kept it flat but cost 10-30 % of a batch's time (the freed pages fault back in)."""
 
 
 def _release() -> None:
     """Let go of a built batch: the next batch's mazes are new, so a worker holds one batch's images at a time. The
     decoded-image cache goes too: its entries, made among each batch's large buffers and kept after them, grew a
-    worker's resident set without end (7x7: 979 -> 3,121 MB over 90 batches; flat without them); the heap is trimmed
-    only past :data:`TRIM_ABOVE` (``benchmarks/farm_worker_memory.py``)."""
+    worker's resident set without end (7x7: 981 -> 2,628 MB over 90 batches, 1,058 MB without them); the heap is
+    trimmed only past :data:`TRIM_ABOVE` (``benchmarks/farm_worker_memory.py``)."""
     from vlrl.messages import forget_decoded
 
     _WORKER["renderer"].forget()
