@@ -70,10 +70,15 @@ w=$(PYTHONPATH="$dir/src:${PYTHONPATH:-}" python3 -c \
   "import sys; from vlrl.envs.maze_weights import newest; print(newest(sys.argv[1]) or '')" "$mc")
 stamp="$w $(stat -c %Y "$w"/*.safetensors 2>/dev/null | sort -n | tail -1)"
 if [ "${PACK:-1}" != 0 ] && [ -n "$w" ] && [ "$stamp" != "$(cat "$dir/packed" 2>/dev/null)" ]; then
-  rm -rf "$dir/wp" "$dir/wsrc" && cp -r "$w" "$dir/wsrc" && python3 benchmarks/device/weights_parts.py pack "$dir/wsrc" "$dir/wp" \
+  # packed from a copy: the run may replace the directory meanwhile (a level's end swaps its weights in)
+  rm -rf "$dir/wp" "$dir/wsrc" && cp -r "$w" "$dir/wsrc" \
+    && python3 benchmarks/device/weights_parts.py pack "$dir/wsrc" "$dir/wp" \
     && cp "$dir"/wp/part.0[0-3] "$OUT/" && echo "$stamp" > "$dir/packed" \
     && echo "packed $w: $(ls "$dir/wp" | wc -l) parts, part.00-03 under \$OUT"
   rm -rf "$dir/wsrc"
+  if [ "$(ls "$dir/wp" 2>/dev/null | wc -l)" -gt 4 ]; then
+    echo "part.04 on stay behind: \`cp $dir/wp/part.0[4-9] \$OUT/\` in the next call, before its watch packs again"
+  fi
 fi
 if [ -f "$dir/rc" ]; then echo "the run ended: rc $(cat "$dir/rc")"; else echo "the run goes on: watch again"; fi
 ls -la "$OUT"
