@@ -22,9 +22,14 @@ verb=${1:-}; tag=${2:-}
 shift 2 || { echo "usage: lease.sh start|watch|stop TAG [maze_curriculum.py args]"; exit 2; }
 dir=${LEASE_DIR:-/tmp/lease}
 mc=$dir/mc
+running() {  # the run's process is there and not a zombie (a killed run whose parent was gone may stay one)
+  local state
+  state=$(awk '{print $3}' "/proc/$(cat "$dir/pid" 2>/dev/null)/stat" 2>/dev/null)
+  [ -n "$state" ] && [ "$state" != Z ]
+}
 case $verb in
   start)
-    if [ -f "$dir/pid" ] && [ ! -f "$dir/rc" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
+    if [ -f "$dir/pid" ] && [ ! -f "$dir/rc" ] && running; then
       echo "a lease run goes on here (pid $(cat "$dir/pid")): watch it, or stop it first"
       exit 1
     fi
@@ -51,6 +56,10 @@ case $verb in
     if [ "$verb" = stop ] && [ ! -f "$dir/rc" ]; then
       kill -- -"$(cat "$dir/pid")" 2>/dev/null  # its session's process group: the run and its SFT builders
       echo "stopped" > "$dir/rc"
+    fi
+    if [ ! -f "$dir/rc" ] && ! running; then
+      # the device README: where commands run as an ordinary user, every process of that user ends with the call
+      echo "the run was ended outside it (uid $(id -u); machine ended it with a call?)" | tee "$dir/rc"
     fi
     ;;
   *)

@@ -70,3 +70,23 @@ def test_the_run_outlives_the_call_that_started_it_and_a_later_call_brings_back_
         assert time.time() - t0 < 300
     finally:
         lease(tmp_path, "stop", "t", limit=0)  # a run a failed check left going
+
+
+def test_a_run_ended_from_outside_is_reported_and_the_next_start_keeps_its_dir(tmp_path):
+    """Where the device runs commands as an ordinary user it ends every process of that user with the call (the
+    device README): the next watch says the run was ended outside it, and a new start keeps the old dir as .prev,
+    whose newest weights a run can go on from."""
+    import signal
+
+    try:
+        started = lease(tmp_path, "start", "t", *PLAN, *CPU, limit=0)
+        pid = int((tmp_path / "lease" / "pid").read_text())
+        os.killpg(pid, signal.SIGKILL)  # the run's session, as the machine would end it
+        time.sleep(0.5)
+        watched = lease(tmp_path, "watch", "t", limit=60)
+        assert "the run was ended outside it" in watched.stdout, started.stdout + watched.stdout + watched.stderr
+        assert "the run ended: rc the run was ended outside it" in watched.stdout  # not waited for
+        again = lease(tmp_path, "start", "u", *PLAN, *CPU, limit=0)
+        assert again.returncode == 0 and (tmp_path / "lease.prev" / "pid").read_text() == f"{pid}\n"
+    finally:
+        lease(tmp_path, "stop", "t", limit=0)
