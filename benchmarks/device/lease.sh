@@ -18,6 +18,7 @@
 #   LIMIT=0 PACK=0 bash benchmarks/device/lease.sh start TAG ARGS && bash benchmarks/device/gpu_suite.sh
 set -uo pipefail
 [ -n "${LEASE_LOCAL:-}" ] || source benchmarks/device/env.sh
+source benchmarks/device/run_back.sh
 verb=${1:-}; tag=${2:-}
 shift 2 || { echo "usage: lease.sh start|watch|stop TAG [maze_curriculum.py args]"; exit 2; }
 dir=${LEASE_DIR:-/tmp/lease}
@@ -38,7 +39,7 @@ case $verb in
     cp -r vlrl "$dir/src/" && cp benchmarks/maze_curriculum.py "$dir/src/benchmarks/" || exit 1
     args=()
     if [ -n "${PARTS:-}" ]; then
-      python3 benchmarks/device/weights_parts.py unpack "$PARTS" "$dir/start" || exit 1
+      unpack_parts "$dir/start" || exit 1
       args=(--weights "$dir/start")
     fi
     # setsid itself in the background, every stream redirected: no process of this call's session holds its output
@@ -73,16 +74,13 @@ n=$(($(cat "$dir/calls" 2>/dev/null || echo 0) + 1))
 echo "$n" > "$dir/calls"
 grep -v -e "Loading weights" -e "Writing model" "$dir/train.log" > "$OUT/$tag-$n.log"
 grep -e '"level"' -e Traceback -e Error "$OUT/$tag-$n.log"
-[ -d "$mc" ] && tar czf "$OUT/$tag-$n.tgz" -C "$mc" --warning=no-file-changed --exclude weights --exclude snapshots \
-  --exclude '*.new' --exclude tb --exclude checkpoints .
+[ -d "$mc" ] && run_dirs_tgz "$OUT/$tag-$n.tgz" "$mc"
 w=$(PYTHONPATH="$dir/src:${PYTHONPATH:-}" python3 -c \
   "import sys; from vlrl.envs.maze_weights import newest; print(newest(sys.argv[1]) or '')" "$mc")
 stamp="$w $(stat -c %Y "$w"/*.safetensors 2>/dev/null | sort -n | tail -1)"
 if [ "${PACK:-1}" != 0 ] && [ -n "$w" ] && [ "$stamp" != "$(cat "$dir/packed" 2>/dev/null)" ]; then
   # packed from a copy: the run may replace the directory meanwhile (a level's end swaps its weights in)
-  rm -rf "$dir/wp" "$dir/wsrc" && cp -r "$w" "$dir/wsrc" \
-    && python3 benchmarks/device/weights_parts.py pack "$dir/wsrc" "$dir/wp" \
-    && cp "$dir"/wp/part.0[0-3] "$OUT/" && echo "$stamp" > "$dir/packed" \
+  rm -rf "$dir/wsrc" && cp -r "$w" "$dir/wsrc" && pack_back "$dir/wsrc" "$dir/wp" && echo "$stamp" > "$dir/packed" \
     && echo "packed $w: $(ls "$dir/wp" | wc -l) parts, part.00-03 under \$OUT"
   rm -rf "$dir/wsrc"
   if [ "$(ls "$dir/wp" 2>/dev/null | wc -l)" -gt 4 ]; then

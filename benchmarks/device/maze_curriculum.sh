@@ -8,18 +8,19 @@
 #   dir over earlier calls (weights_parts.py's header). The directory travels whole, so its processor comes along.
 set -uo pipefail
 source benchmarks/device/env.sh
+source benchmarks/device/run_back.sh
 tag=$1; shift
 args=()
 if [ -n "${PARTS:-}" ]; then
-  rm -rf /tmp/start && python3 benchmarks/device/weights_parts.py unpack "$PARTS" /tmp/start || exit 1
+  unpack_parts /tmp/start || exit 1
   args=(--weights /tmp/start)
 fi
 timeout "${LIMIT:-570}" python3 benchmarks/maze_curriculum.py --out /tmp/mc "${args[@]}" "$@" 2>&1 \
   | grep --line-buffered -v -e "Loading weights" -e "Writing model" | tee "$OUT/$tag.log"
-(cd /tmp/mc && tar czf "$OUT/$tag.tgz" --exclude weights --exclude snapshots --exclude '*.new' --exclude tb --exclude checkpoints .)
+run_dirs_tgz "$OUT/$tag.tgz" /tmp/mc
 last=$(ls -d /tmp/mc/*/weights 2>/dev/null | tail -1)
 if [ -n "$last" ] && [ -n "${BACK:-}" ]; then
-  rm -rf /tmp/wp && python3 benchmarks/device/weights_parts.py pack "$last" /tmp/wp && cp /tmp/wp/part.0[0-3] "$OUT/"
+  pack_back "$last" /tmp/wp
   echo "$last packed: $(ls /tmp/wp | wc -l) parts in /tmp/wp, part.00-03 under \$OUT"
 fi
 ls -la "$OUT"

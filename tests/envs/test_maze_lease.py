@@ -44,7 +44,6 @@ def test_the_run_outlives_the_call_that_started_it_and_a_later_call_brings_back_
     sys.path.insert(0, str(ROOT / "benchmarks" / "device"))
     from weights_parts import unpack
 
-    t0 = time.time()
     try:
         started = lease(tmp_path, "start", "t", *PLAN, *CPU, limit=0)
         assert started.returncode == 0, started.stdout + started.stderr
@@ -67,7 +66,6 @@ def test_the_run_outlives_the_call_that_started_it_and_a_later_call_brings_back_
         assert all(torch.equal(got[k], want[k].to(torch.bfloat16).to(want[k].dtype)) for k in want)
         again = lease(tmp_path, "watch", "t", limit=0)
         assert "packed" not in again.stdout and not list(out.glob("part.*"))  # brought back once
-        assert time.time() - t0 < 300
     finally:
         lease(tmp_path, "stop", "t", limit=0)  # a run a failed check left going
 
