@@ -31,6 +31,14 @@ def takeover_arg(text: str) -> tuple[int, int]:
     return int(every), int(turns)
 
 
+def seconds_gone(text: str) -> float:
+    """``--sft-warmup SECONDS`` (before 2026-12-05) is refused, not read as an abbreviation of the steps flag: a
+    level's first batch (15-30 s) had used up the seconds before the second step."""
+    raise argparse.ArgumentTypeError(
+        f"the warm-up counts steps now: use --sft-warmup-steps N instead of seconds ({text!r})"
+    )
+
+
 def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
     """``level:sft_seconds:rl_seconds[:sft_pool[:first_turn_seconds]]``, with the run-wide options of ``args``."""
     level, sft, rl, *rest = text.split(":")
@@ -50,7 +58,7 @@ def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
         sft_pool=int(rest[0]) if rest else LevelPlan.sft_pool,
         sft_fill=args.sft_fill,
         sft_builders=args.sft_builders,
-        sft_warmup=args.sft_warmup,
+        sft_warmup_steps=args.sft_warmup_steps,
         first_turns=float(rest[1]) if len(rest) > 1 else args.first_turns,
         first_start=args.first_start,
         sft_until=args.sft_until,
@@ -87,7 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="worker processes of --sft-fill processes (0: cores-2, at most 12 GiB of free memory each)",
     )
-    ap.add_argument("--sft-warmup", type=float, default=0.0, help="seconds of linear SFT lr warm-up from 0")
+    ap.add_argument(
+        "--sft-warmup-steps", type=int, default=0, help="SFT steps of linear lr warm-up from 0 (e.g. 30 from weights)"
+    )
+    ap.add_argument("--sft-warmup", type=seconds_gone, help=argparse.SUPPRESS)
     ap.add_argument("--first-turns", type=float, default=0.0, help="seconds of SFT on the first turns alone first")
     ap.add_argument(
         "--first-start", choices=["corner", "random"], default="corner", help="where those first turns start"

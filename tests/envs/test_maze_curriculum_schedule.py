@@ -1,4 +1,5 @@
-"""The maze curriculum's SFT learning-rate schedule (clock-based): warm-up ramp, then linear decay to 10 %."""
+"""The maze curriculum's SFT learning-rate schedule: a warm-up ramp over steps, then a linear decay to 10 % with the
+clock."""
 
 from __future__ import annotations
 
@@ -14,14 +15,44 @@ def test_without_warmup_the_lr_decays_linearly_from_full_to_a_tenth():
     assert sft_lr_factor(200.0, 100.0) == pytest.approx(0.1)
 
 
-def test_warmup_ramps_from_near_zero_to_the_decay_curve():
-    ramp = [sft_lr_factor(t, 100.0, warmup=20.0, step_seconds=1.0) for t in (0.0, 4.0, 9.0, 19.0, 30.0)]
-    assert ramp[0] == pytest.approx(0.05)  # the first step: a twentieth of the peak, not 0
-    assert ramp[1] == pytest.approx(0.25 * 0.96)
-    assert ramp[2] == pytest.approx(0.5 * 0.91)
-    assert ramp[3] == pytest.approx(0.81)  # warm-up over: the decay alone
-    assert ramp[4] == pytest.approx(0.70)
-    assert all(a < b for a, b in zip(ramp[:4], ramp[1:4], strict=False))
+def test_warmup_ramps_over_steps_from_zero_to_the_decay_curve():
+    ramp = [sft_lr_factor(t, 100.0, step, warmup_steps=4) for t, step in ((0.0, 0), (1.0, 1), (2.0, 2), (30.0, 4))]
+    assert ramp[0] == 0.0  # the first step primes AdamW's moments and moves nothing
+    assert ramp[1] == pytest.approx(0.25 * 0.99)
+    assert ramp[2] == pytest.approx(0.5 * 0.98)
+    assert ramp[3] == pytest.approx(0.70)  # warm-up over: the decay alone
+
+
+def test_a_slow_first_batch_does_not_use_up_the_warmup(tmp_path, monkeypatch):
+    """The ramp counts optimizer steps: a level whose first batch takes longer than the old ramp's seconds (the farm's
+    15-30 s) still trains its second step at a fraction of the peak (lease_v2: at full lr it undid a trained
+    policy)."""
+    import json
+    import time
+
+    from maze_cpu import cpu_overrides  # tests/envs is on sys.path (as sample_envs)
+
+    from vlrl.envs import maze_sft_pool
+    from vlrl.envs.maze_curriculum import LevelPlan, level_config, sft_phase
+    from vlrl.train.run import Run
+
+    real = maze_sft_pool.SftPool.batch
+
+    def slow_first(pool, k, first):
+        if k == 0:
+            time.sleep(1.0)
+        return real(pool, k, first)
+
+    monkeypatch.setattr(maze_sft_pool.SftPool, "batch", slow_first)
+    plan = LevelPlan("5x5", 6000, 0, overrides=(*cpu_overrides(), "sft.steps=4"), sft_pool=1, sft_warmup_steps=4)
+    run = Run(level_config(plan, tmp_path))
+    try:
+        sft_phase(run, time.time() + plan.sft_seconds, plan)
+        rows = [json.loads(line) for line in (run.log.dir / "metrics.jsonl").read_text().splitlines()]
+    finally:
+        run.close()
+    factors = [r["lr_factor"] for r in rows if r["phase"] == "sft"]
+    assert factors == pytest.approx([0.0, 0.25, 0.5, 0.75], abs=0.01)  # the decay over 6,000 s: < 1 %
 
 
 def test_the_small_model_is_built_in_the_levels_arch(tmp_path):
@@ -46,3 +77,18 @@ def test_a_plan_with_the_fan_in_init_starts_from_its_own_random_init_checkpoint(
     plan = LevelPlan("5x5", 0, 0, init="fan_in")
     manifest = json.loads((start_weights(plan, tmp_path, None) / "vlrl_model.json").read_text())
     assert (manifest["arch"], manifest["size"], manifest["init"]) == ("qwen2_5_vl", "maze_tiny", "fan_in")
+
+
+def test_the_old_seconds_flag_is_refused_in_one_line_not_read_as_steps(tmp_path):
+    """``--sft-warmup 10`` (seconds, in the records of runs before lease_v2) would otherwise be argparse's
+    abbreviation of ``--sft-warmup-steps``: 10 steps, silently."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "maze_curriculum.py"
+    args = [sys.executable, str(script), "--out", str(tmp_path), "--plan", "5x5:1:0", "--sft-warmup", "10"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "argument --sft-warmup: the warm-up counts steps now: use --sft-warmup-steps N" in done.stderr
+    assert not any(tmp_path.iterdir())  # nothing ran
