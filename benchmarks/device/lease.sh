@@ -10,7 +10,8 @@
 #   LIMIT=s bash benchmarks/device/lease.sh start TAG [maze_curriculum.py args]   starts it, then watches
 #   LIMIT=s bash benchmarks/device/lease.sh watch TAG                             a later call: watches
 #   bash benchmarks/device/lease.sh stop TAG       ends it (its process group) and brings back what it left
-# A call watches LIMIT seconds (default 540) or until the run ends, then packs (~20 s). It returns $OUT/TAG-N.log
+# A call watches LIMIT seconds (default 540) or until the run ends, prints each level's last metrics row (the log has
+# a level's line only at its end), then packs (~20 s). It returns $OUT/TAG-N.log
 # (the run's log so far), TAG-N.tgz (its run dirs without weights) and part.00-03 of the weights (tiny: 2 parts,
 # small: 4); PACK=0 leaves them (a call whose own files need the room). PARTS=dir: the first level starts from parts
 # carried into dir (as maze_curriculum.sh). The run's code is copied out of the working tree first, which a later
@@ -74,6 +75,9 @@ n=$(($(cat "$dir/calls" 2>/dev/null || echo 0) + 1))
 echo "$n" > "$dir/calls"
 grep -v -e "Loading weights" -e "Writing model" "$dir/train.log" > "$OUT/$tag-$n.log"
 grep -e '"level"' -e Traceback -e Error "$OUT/$tag-$n.log"
+for m in "$mc"/*/metrics.jsonl; do  # where each level stands: the log has a level's line only once it ends
+  [ -f "$m" ] && echo "$(basename "$(dirname "$m")") last: $(tail -n 1 "$m" | cut -c1-200)"
+done
 [ -d "$mc" ] && run_dirs_tgz "$OUT/$tag-$n.tgz" "$mc"
 w=$(PYTHONPATH="$dir/src:${PYTHONPATH:-}" python3 -c \
   "import sys; from vlrl.envs.maze_weights import newest; print(newest(sys.argv[1]) or '')" "$mc")
