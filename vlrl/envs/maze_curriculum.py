@@ -76,10 +76,10 @@ class LevelPlan:
     eval_before: bool = False
     """Evaluate the starting weights too (0 % at random init: skipped to save the budget)."""
     sft_warmup_steps: int = 0
-    """SFT steps over which the lr ramps up linearly from 0 (then the clock's decay): a new AdamW's first steps move
-    every weight by about the lr whatever its gradient (from random init, at full lr the model learned to ignore the
-    image while it learned the format, ~50 steps). Steps, not seconds: a level's first batch may take 15-30 s, which
-    used up a ramp of 10 s before the second step (lease_v2: a 62 % easy policy's loss 0.030 -> 0.323)."""
+    """SFT steps over which the lr ramps up linearly (then the clock's decay): a new AdamW's first steps move every
+    weight by about the lr whatever its gradient (from random init, at full lr the model learned to ignore the image
+    while it learned the format, ~50 steps). Steps, not seconds: a level's first step may end 15-30 s into it, past a
+    ramp of 10 s (lease_v2: its second step at 0.97 of the peak; a 62 % easy policy's loss 0.030 -> 0.323)."""
     first_turns: float = 0.0
     """Seconds of SFT on the expert's first turns alone (each row cut to its first move) before whole episodes: the
     image alone decides a first move, where in a whole episode the history decides most moves and outweighs it."""
@@ -194,11 +194,13 @@ def evaluate(run, step: int, label: str, keep: int = 4) -> EvalResult:
 
 def sft_lr_factor(elapsed: float, budget: float, step: int = 0, warmup_steps: int = 0) -> float:
     """The SFT lr as a fraction of its peak for 0-based ``step``, ``elapsed`` seconds into a phase of ``budget``
-    seconds: a linear decay to 10 % at the end, times a linear ramp from 0 (step 0) over the first
-    ``warmup_steps`` steps."""
+    seconds: a linear decay to 10 % at the end, times the RL trainer's warm-up ramp over ``warmup_steps`` steps
+    (:func:`vlrl.train.trainer.warmup_factor`: step k at (k + 1) / warmup_steps)."""
+    from vlrl.train.trainer import warmup_factor
+
     factor = max(0.1, 1.0 - elapsed / max(1e-9, budget))
     if warmup_steps > 0:
-        factor *= min(1.0, step / warmup_steps)
+        factor *= warmup_factor(step, warmup_steps)
     return factor
 
 
