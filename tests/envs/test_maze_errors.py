@@ -31,14 +31,15 @@ def test_the_experts_episode_is_all_ok_and_each_kind_of_mistake_is_named():
     words = lambda actions: [action_text(a, "keyword") for a in actions]  # noqa: E731
     for seed in range(5):
         actions, game = _expert(seed)
-        letters, labels = errors.label_turns(make_maze2d("easy", {}, seed), words(actions))
+        letters, labels, choices = errors.label_turns(make_maze2d("easy", {}, seed), words(actions))
         assert labels == ["ok"] * len(actions) and letters == "".join("RULDS"[a] for a in actions)
+        assert len(choices) == len(actions) and choices[-1] is None  # stop on the goal is no choice
         first = actions[0]
         row, col = game.agent
         walls = [a for a, (dr, dc) in DELTAS.items() if game.maze_map[row + dr, col + dc] == 1]
         opens = [a for a, (dr, dc) in DELTAS.items() if game.maze_map[row + dr, col + dc] == 0 and a != first]
         replies = words([walls[0], *([opens[0]] if opens else []), 4]) + ["no action here"]
-        _, labels = errors.label_turns(make_maze2d("easy", {}, seed), replies)
+        _, labels, _ = errors.label_turns(make_maze2d("easy", {}, seed), replies)
         assert labels == ["wall", *(["off_path"] if opens else []), "stop_off_goal"], (seed, labels)
     summary = errors.summarise(
         [
@@ -67,3 +68,28 @@ def test_a_budget_set_on_the_rows_reaches_the_env_and_its_step_counter():
     messages, info = env.init()
     assert env.max_turns == info["max_turns"] == 20
     assert "allowed to take 19 more steps" in str(messages)  # the counter names the budget the policy plays under
+
+
+def test_choices_are_counted_on_the_way_to_the_first_mistake_and_the_expert_makes_none():
+    errors = _module()
+    counts = errors.choice_counts(
+        [
+            {"labels": ["ok", "off_path", "ok"], "choices": ["tie", "tie", "toward"]},
+            {"labels": ["wall", "ok"], "choices": [None, "away"]},
+            {"labels": ["ok", "ok"], "choices": ["away", None]},
+            {"labels": ["off_path"]},
+        ]
+    )
+    # turns after the first mistake are not counted: the agent is off the shortest path there
+    assert counts["choices_on_the_path"] == {"toward": [0, 0], "tie": [2, 1], "away": [1, 0]}
+    assert counts["first_mistake_at"] == {"tie": 1, "corridor": 2}
+    # the replay names the expert's forks as path_choices does (the SFT farm's pick of mazes reads those)
+    from vlrl.envs.maze_solver import path_choices
+
+    kinds = set()
+    for seed in range(20):
+        actions, game = _expert(seed)
+        _, _, choices = errors.label_turns(make_maze2d("easy", {}, seed), [action_text(a, "keyword") for a in actions])
+        assert choices == [*path_choices(game.maze_map, game.agent, game.target), None], seed
+        kinds |= set(choices)
+    assert kinds == {None, "toward", "tie", "away"}
