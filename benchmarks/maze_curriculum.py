@@ -31,6 +31,21 @@ def takeover_arg(text: str) -> tuple[int, int]:
     return int(every), int(turns)
 
 
+def forks_arg(text: str) -> tuple[float, int]:
+    """``--fork-mazes SHARE:DRAW`` as ``(share, draw)``: a share in [0, 1] and a whole number of candidates a row
+    >= 1 (LevelPlan.fork_mazes)."""
+    share, _, draw = text.partition(":")
+    try:
+        picked = float(share), int(draw)
+    except ValueError:
+        picked = (-1.0, 0)
+    if not (0.0 <= picked[0] <= 1.0 and picked[1] >= 1):
+        raise argparse.ArgumentTypeError(
+            f"expected SHARE:DRAW, a share in [0, 1] and a draw >= 1 (e.g. 0.5:6), got {text!r}"
+        )
+    return picked
+
+
 def seconds_gone(text: str) -> float:
     """``--sft-warmup SECONDS`` (before 2026-12-05) is refused, not read as an abbreviation of the steps flag: a
     level's first batch (15-30 s) had used up the seconds before the second step."""
@@ -64,6 +79,7 @@ def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
         sft_until=args.sft_until,
         probe_seconds=args.probe_seconds,
         takeover=args.takeover,
+        fork_mazes=args.fork_mazes,
         snapshot_seconds=args.snapshot_seconds,
     )
 
@@ -111,6 +127,13 @@ def main(argv: list[str] | None = None) -> int:
         type=takeover_arg,
         default=(0, 12),
         help="N:M, every N-th SFT step on takeover episodes: the policy plays up to M turns, then the expert (0: off)",
+    )
+    ap.add_argument(
+        "--fork-mazes",
+        type=forks_arg,
+        default=(0.0, 1),
+        help="SHARE:DRAW, whole-episode SFT batches pick SHARE of their rows from DRAW times as many candidates, "
+        "those with a fork where heading for the goal turns from the right way (0:1: as drawn)",
     )
     ap.add_argument("--eval-every", type=int, default=0, help="also evaluate every N RL steps")
     ap.add_argument(

@@ -41,3 +41,43 @@ def test_the_paths_choices_follow_the_agent_along_the_shortest_path():
     for cell in [(1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 4), (3, 1), (3, 2), (3, 4), (4, 1)]:
         u[cell] = 0
     assert path_choices(u, (3, 2), (3, 4)) == [None, "away", None, None, None, None, None, None]
+
+
+def test_a_batch_picks_its_share_of_away_fork_mazes_from_the_candidates_and_the_rest_in_order():
+    from vlrl.data.tickets import make_rows
+    from vlrl.envs.maze_sft_data import fork_rows, has_away_fork
+
+    rows = make_rows("maze2d/easy", list(range(120)), {"expert_branch": 0.15})
+    away = [r for r in rows if has_away_fork(r)]
+    assert 4 <= len(away) <= 30  # about 9 % of easy mazes (178 of 2,000 seeds)
+    picked = fork_rows(rows, 8, 0.5)
+    assert picked[:4] == away[:4]  # the first four with such a fork, in the order drawn
+    assert picked[4:] == [r for r in rows if r not in away[:4]][:4]  # then the others as they come
+    assert fork_rows(rows, 8, 0.0) == rows[:8]  # share 0: the rows as drawn
+    few = rows[: rows.index(away[1])]  # candidates with only one such maze
+    assert fork_rows(few, 4, 1.0) == [away[0], *[r for r in few if r is not away[0]][:3]]
+    assert all(has_away_fork(r) for r in fork_rows(rows, 6, 1.0))
+
+
+def test_the_command_line_reads_fork_mazes_as_a_share_and_a_draw(tmp_path):
+    import argparse
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "maze_curriculum.py"
+    spec = importlib.util.spec_from_file_location("maze_curriculum_cli", script)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.forks_arg("0.5:6") == (0.5, 6) and mod.forks_arg("0:1") == (0.0, 1) and mod.forks_arg("1:4") == (1.0, 4)
+    for bad in ("0.5", "2:6", "-0.1:6", "0.5:0", "a:6", "0.5:x", "nan:6"):
+        with pytest.raises(argparse.ArgumentTypeError, match="SHARE:DRAW"):
+            mod.forks_arg(bad)
+    args = [sys.executable, str(script), "--out", str(tmp_path), "--plan", "easy:1:0", "--fork-mazes", "50:6"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].endswith("got '50:6'")
+    assert not any(tmp_path.iterdir())  # nothing ran

@@ -77,6 +77,24 @@ def test_a_sharded_run_cannot_fill_in_the_background():
         SftPool(sharded, 2, masked=True, fill="background")
 
 
+def test_with_forks_a_whole_episode_batch_draws_candidates_its_builder_picks_from(run, monkeypatch):
+    import vlrl.envs.maze_sft_data as data
+
+    asked, real = [], data.fork_rows
+    monkeypatch.setattr(
+        data, "fork_rows", lambda rows, n, share: asked.append((len(rows), n, share)) or real(rows, n, share)
+    )
+    pool = SftPool(run, 4, masked=True, forks=(0.5, 3))
+    whole = pool.batch(0, first=False)
+    assert asked == [(6, 2, 0.5)] and run.state.data_position == 6  # 2 rows a step, 3 candidates each
+    assert whole.input_ids.shape[0] == 2  # the batch is the picked rows
+    pool.batch(1, first=True)
+    assert len(asked) == 1 and run.state.data_position == 8  # first turns: the rows as drawn, none picked
+    plain = SftPool(run, 4, masked=True)
+    plain.batch(0, first=False)
+    assert len(asked) == 1 and run.state.data_position == 10
+
+
 def test_sft_phase_trains_from_a_background_pool(tmp_path):
     from vlrl.train.run import Run
 
@@ -88,6 +106,18 @@ def test_sft_phase_trains_from_a_background_pool(tmp_path):
         run.close()
     assert steps == 4 and episodes >= 2
     assert not [t for t in threading.enumerate() if t.name.startswith("vlrl-sft-pool")]
+
+
+def test_the_plans_fork_mazes_reach_its_pool(tmp_path):
+    from vlrl.train.run import Run
+
+    plan = LevelPlan("5x5", 600, 0, overrides=(*CPU, "sft.steps=2"), sft_pool=2, fork_mazes=(0.5, 3))
+    run = Run(level_config(plan, tmp_path))
+    try:
+        assert sft_phase(run, time.time() + plan.sft_seconds, plan) == (2, 4)
+        assert run.state.data_position == 12  # two batches of two rows, from three candidates a row
+    finally:
+        run.close()
 
 
 def test_worker_processes_keep_the_window_filled_several_at_once(run):
@@ -122,12 +152,15 @@ def test_a_workers_batch_is_the_runs_own_token_for_token_and_pixel_for_pixel(run
     farm = ExpertFarm(run, 1)
     try:
         theirs = farm.load(farm.submit(rows, 3, True, "SFT batch 1"))
+        picked = farm.load(farm.submit(rows, 3, True, "SFT batch 2", forks=(1, 1.0)))  # one of the two, in the worker
     finally:
         farm.close()
     mine = SftPool(run, 1, masked=True)._build(rows, 3, False)
     for field in ("input_ids", "attention_mask", "loss_mask", "pixel_values", "image_grid_thw", "turn_index"):
         assert torch.equal(getattr(mine, field), getattr(theirs, field)), field
     assert theirs.uids == mine.uids and theirs.loss_mask.sum() > 0
+    first = SftPool(run, 1, masked=True)._build(rows[:1], 3, False)  # 5x5 mazes have no away fork: the first row
+    assert picked.input_ids.shape[0] == 1 and torch.equal(picked.input_ids, first.input_ids)
     unmasked = SftPool(run, 1, masked=False)._build(rows, 3, False)
     assert unmasked.loss_mask.sum() > mine.loss_mask.sum()  # these rows do take detours
 

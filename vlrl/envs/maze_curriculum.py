@@ -68,8 +68,7 @@ class LevelPlan:
     """How that random-init model's weights are drawn (:data:`vlrl.models.build.InitScheme`): ``fan_in`` keeps
     the image's signal through the narrow models' layers (``normal``'s std 0.02 shrinks it ~6x per matrix)."""
     image_side: int | None = None
-    """That random-init model's largest frame side in px, kept unresized
-    (:func:`vlrl.envs.maze_models.start_checkpoint`; None: tiny's 224 px)."""
+    """That random-init model's largest frame side in px, kept unresized (None: tiny's 224 px)."""
     image_stats: ImageStats = "model"
     """That random-init model's pixel normalisation: the architecture's constants or the maze frames' own
     (:data:`vlrl.envs.maze_models.MAZE_IMAGE_STATS`: walls and floor then differ in sign, not only in scale)."""
@@ -77,19 +76,17 @@ class LevelPlan:
     """Evaluate the starting weights too (0 % at random init: skipped to save the budget)."""
     sft_warmup_steps: int = 0
     """SFT steps over which the lr ramps up linearly (then the clock's decay): a new AdamW's first steps move every
-    weight by about the lr whatever its gradient (from random init, at full lr the model learned to ignore the image
-    while it learned the format, ~50 steps). Steps, not seconds: a level's first step may end 15-30 s into it, past a
-    ramp of 10 s (lease_v2: its second step at 0.97 of the peak; a 62 % easy policy's loss 0.030 -> 0.323)."""
+    weight by about the lr whatever its gradient. Steps, not seconds: a level's first step may end 15-30 s into it,
+    past a ramp of 10 s (lease_v2: a 62 % easy policy's loss 0.030 -> 0.323; docs/maze.md item 27)."""
     first_turns: float = 0.0
     """Seconds of SFT on the expert's first turns alone (each row cut to its first move) before whole episodes: the
-    image alone decides a first move, where in a whole episode the history decides most moves and outweighs it."""
+    image alone decides a first move, where in a whole episode the history decides most."""
     first_start: Start = "corner"
-    """Where the first-turn rows put the agent: the level's corners (VisGym's starts) or ``random`` floor tiles, so
-    each first move is read from a different spot among the walls, as every later turn of an episode must be."""
+    """Where the first-turn rows put the agent: the level's corners (VisGym's starts) or ``random`` floor tiles (each
+    first move read from a different spot among the walls)."""
     sft_until: float = 0.0
     """End SFT early once greedy success on ``probe_rows`` training mazes reaches this fraction (probed at most
-    every ``probe_seconds`` once whole episodes train; 0: the budget runs out). A policy that solves some mazes,
-    not all, is where GRPO has a reward to work with and room above SFT (the eval split stays unseen until then)."""
+    every ``probe_seconds`` once whole episodes train; 0: the budget runs out): where GRPO has a reward and room."""
     probe_rows: int = 32
     """Training mazes in the probe, drawn from the training stream when SFT starts (0 with ``sft_until`` 0)."""
     probe_seconds: float = 10.0
@@ -97,6 +94,9 @@ class LevelPlan:
     takeover: tuple[int, int] = (0, 12)
     """(N, M): every N-th SFT step (N > 0) starts a batch of takeover episodes, the policy playing up to M turns
     before the expert (:mod:`vlrl.envs.maze_sft_pool`); 0: expert episodes only."""
+    fork_mazes: tuple[float, int] = (0.0, 1)
+    """(share, draw): whole-episode SFT batches pick ``share`` of their rows from ``draw`` times as many candidates,
+    those with an away fork (:mod:`vlrl.envs.maze_sft_pool`); (0, 1): the rows as drawn."""
     snapshot_seconds: float = 0.0
     """Save the weights every N seconds of SFT under ``<out>/snapshots`` (:class:`vlrl.envs.maze_weights.Snapshots`),
     for a process that trains a whole device lease; 0: only at the level's end."""
@@ -233,6 +233,7 @@ def sft_phase(run, deadline: float, plan: LevelPlan) -> tuple[int, int]:
         builders=plan.sft_builders,
         first_start=plan.first_start,
         takeover=plan.takeover,
+        forks=plan.fork_mazes,
     )
     probe = run.next_rows(plan.probe_rows) if plan.sft_until else []
     snapshots = Snapshots(run, run.log.dir / "snapshots", plan.snapshot_seconds)
@@ -364,20 +365,16 @@ def _plan_row(plan: LevelPlan, run) -> dict[str, Any]:
     from vlrl.envs.maze_models import checkpoint_choices
 
     built = checkpoint_choices(run.model_dir)
+    as_planned = ("first_turns", "first_start", "mask_detours", "sft_pool", "sft_warmup_steps", "sft_until")
     return {
         "model": built["model"] or plan.model,
         "init": built["init"] or plan.init,
-        "first_turns": plan.first_turns,
-        "first_start": plan.first_start,
         "image_stats": built["image_stats"],
         "n_params": sum(p.numel() for p in run.model.parameters()),
         "sft_lr_scale": dict(plan.sft_lr_scale),
-        "mask_detours": plan.mask_detours,
-        "sft_pool": plan.sft_pool,
-        "sft_warmup_steps": plan.sft_warmup_steps,
-        "sft_until": plan.sft_until,
         "takeover": list(plan.takeover),
-    }
+        "fork_mazes": list(plan.fork_mazes),
+    } | {name: getattr(plan, name) for name in as_planned}
 
 
 def _config_row(cfg) -> dict[str, Any]:

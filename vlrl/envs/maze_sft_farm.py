@@ -87,15 +87,23 @@ class ExpertFarm:
         )
         self._n = 0
 
-    def submit(self, rows: list, seed: int, masked: bool, what: str, prefixes: dict | None = None) -> Future:
+    def submit(
+        self,
+        rows: list,
+        seed: int,
+        masked: bool,
+        what: str,
+        prefixes: dict | None = None,
+        forks: tuple[int, float] | None = None,
+    ) -> Future:
         """A future of the :class:`~vlrl.train.batch.Batch` of ``rows``' expert episodes (``seed``: the rollout's;
-        ``prefixes``: per row seed, turns replayed before the expert's, as
+        ``prefixes``: per row seed, turns replayed before the expert's; ``forks``: ``rows`` are candidates, as
         :func:`~vlrl.envs.maze_sft_data.expert_episodes` takes them)."""
         if self._pool is None:
             raise RuntimeError("the expert farm is closed")
         self._n += 1
         path = os.path.join(self._spool, f"batch-{self._n}.pt")
-        return self._pool.submit(_build, rows, self._config, seed, masked, what, path, prefixes)
+        return self._pool.submit(_build, rows, self._config, seed, masked, what, path, prefixes, forks)
 
     def load(self, future: Future):
         """The finished batch of ``future`` (memory-mapped from its spool file, which is removed)."""
@@ -154,7 +162,16 @@ def _exit_with_parent(parent: int, spool: str) -> None:
     os._exit(1)
 
 
-def _build(rows: list, config: Any, seed: int, masked: bool, what: str, path: str, prefixes: dict | None) -> str:
+def _build(
+    rows: list,
+    config: Any,
+    seed: int,
+    masked: bool,
+    what: str,
+    path: str,
+    prefixes: dict | None,
+    forks: tuple[int, float] | None = None,
+) -> str:
     import torch
 
     from vlrl.envs.maze_sft_data import expert_episodes
@@ -162,7 +179,8 @@ def _build(rows: list, config: Any, seed: int, masked: bool, what: str, path: st
 
     run = _WorkerRun(config)
     try:
-        batch = require_batch(run, expert_episodes(run, rows, seed, masked=masked, prefixes=prefixes), what)
+        trajs = expert_episodes(run, rows, seed, masked=masked, prefixes=prefixes, forks=forks)
+        batch = require_batch(run, trajs, what)
         torch.save(batch, path)
     finally:
         _release()

@@ -21,6 +21,9 @@ conversation, on the CPU) costs far more than an update of the curriculum's smal
   step after it finishes trains on the batch (a few steps later: the policy of a few steps ago); otherwise the step
   renders them itself and trains on them. Never kept: the policy changes every step. ``takeover_s`` adds up the
   seconds the steps spent on them.
+- ``forks=(share, draw)``, share > 0: a whole-episode batch's rows are ``draw`` times as many candidates, and its
+  builder picks ``share`` of the batch from those whose maze has a fork where heading for the goal turns from the
+  right way (:func:`vlrl.envs.maze_sft_data.fork_rows`), the rest in the order drawn. Not yet measured on the GPU.
 
 The two filled while steps train need a single-process run: a sharded run's rollouts broadcast across ranks, which
 a builder of one rank cannot do.
@@ -60,6 +63,7 @@ class SftPool:
         builders: int = 0,
         first_start: Start = "corner",
         takeover: tuple[int, int] = (0, 0),
+        forks: tuple[float, int] = (0.0, 1),
     ):
         from vlrl.envs.maze_curriculum import first_turn_row
         from vlrl.envs.maze_sft_farm import ExpertFarm, default_workers
@@ -78,6 +82,7 @@ class SftPool:
         self.takeover, self.takeovers = takeover, 0  # (every N-th step, up to M policy turns), batches trained on
         self.takeover_s = 0.0
         self._takeover_jobs: list[Future] = []  # takeover batches the farm is building, oldest first
+        self.forks = forks  # (share, draw): a whole-episode batch picks share of its rows with an away fork
 
     @property
     def parallel(self) -> int:
@@ -120,8 +125,16 @@ class SftPool:
         self._inflight, self._takeover_jobs = [], []
 
     def _rows(self, first: bool) -> list:
-        rows = self.run.next_rows(self.run.cfg.sft.rows_per_step)
+        """An expert batch's rows; with ``forks``, ``draw`` candidates per row of a whole-episode batch, which its
+        builder picks from (:func:`~vlrl.envs.maze_sft_data.fork_rows`: off the training loop, ~1.5 ms a row)."""
+        n = self.run.cfg.sft.rows_per_step
+        rows = self.run.next_rows(n * self.forks[1] if self._picks(first) else n)
         return [self._cut(r) for r in rows] if first else rows
+
+    def _picks(self, first: bool) -> tuple[int, float] | None:
+        """``expert_episodes``' ``forks`` for a batch of kind ``first`` (None: its rows as drawn)."""
+        share = self.forks[0]
+        return (self.run.cfg.sft.rows_per_step, share) if share > 0 and not first else None
 
     def _what(self, first: bool) -> str:
         """The error label of the next batch of kind ``first`` (counting those being built)."""
@@ -132,7 +145,7 @@ class SftPool:
         from vlrl.train.loop import require_batch
 
         t = time.time()
-        trajs = expert_episodes(self.run, rows, seed, masked=self.masked and not first)
+        trajs = expert_episodes(self.run, rows, seed, masked=self.masked and not first, forks=self._picks(first))
         batch = require_batch(self.run, trajs, self._what(first))
         self._build_s = time.time() - t
         return batch
@@ -146,7 +159,7 @@ class SftPool:
 
         t = time.time()
         self.run.sync_weights()
-        rows, seed = self._rows(False), TAKEOVER_SEED + step
+        rows, seed = self.run.next_rows(self.run.cfg.sft.rows_per_step), TAKEOVER_SEED + step
         prefixes = policy_prefixes(self.run, rows, seed, turns=turns)
         what, batch = f"takeover batch {self.takeovers + len(self._takeover_jobs) + 1}", None
         if self._farm is not None:
@@ -171,7 +184,9 @@ class SftPool:
     def _submit(self, first: bool) -> None:
         seed, rows = self._seed(), self._rows(first)
         if self._farm is not None:
-            future = self._farm.submit(rows, seed, self.masked and not first, self._what(first))
+            future = self._farm.submit(
+                rows, seed, self.masked and not first, self._what(first), forks=self._picks(first)
+            )
         else:
             assert self._thread is not None
             future = self._thread.submit(self._build, rows, seed, first)
