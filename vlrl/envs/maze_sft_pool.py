@@ -23,7 +23,8 @@ conversation, on the CPU) costs far more than an update of the curriculum's smal
   seconds the steps spent on them.
 - ``forks=(share, draw)``, share > 0: a whole-episode batch's rows are ``draw`` times as many candidates, and its
   builder picks ``share`` of the batch from those whose maze has a fork where heading for the goal turns from the
-  right way (:func:`vlrl.envs.maze_sft_data.fork_rows`), the rest in the order drawn. Not yet measured on the GPU.
+  right way (:func:`vlrl.envs.maze_sft_data.fork_rows`), the rest in the order drawn. On the GPU only a smoke run
+  (docs/maze.md item 28): whether the builders keep pace with it is not yet measured.
 
 The two filled while steps train need a single-process run: a sharded run's rollouts broadcast across ranks, which
 a builder of one rank cannot do.
