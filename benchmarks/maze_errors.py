@@ -16,8 +16,8 @@ episodes made a mistake and recovered, how many were solved within ``--max-turns
 (``vlrl.envs.maze_text.VISGYM_TURNS``, which says how that differs from a run under that budget; the small levels:
 their own), the failed episodes' moves as letters (R U L D, S for stop), and at the choices on the way (two or
 more ways on) whether heading for the goal picks the right way, ties or turns from it, and how often each went
-wrong. Appends the run to
-``--out``; on CPU ~1 s an easy episode for the small model (198 s for 200 of a 91 % policy, 50 at a time).
+wrong. Appends the run to ``--out``; on CPU ~1 s an easy episode for the small model (198 s for 200 of a 91 %
+policy, 50 at a time).
 """
 
 from __future__ import annotations

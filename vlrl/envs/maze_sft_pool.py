@@ -127,7 +127,8 @@ class SftPool:
 
     def _rows(self, first: bool) -> list:
         """An expert batch's rows; with ``forks``, ``draw`` candidates per row of a whole-episode batch, which its
-        builder picks from (:func:`~vlrl.envs.maze_sft_data.fork_rows`: off the training loop, ~1.5 ms a row)."""
+        builder picks from (:func:`~vlrl.envs.maze_sft_data.fork_rows`, ~1.6 ms a candidate at easy: a farm worker's
+        work, off the training loop, when the pool fills by processes)."""
         n = self.run.cfg.sft.rows_per_step
         rows = self.run.next_rows(n * self.forks[1] if self._picks(first) else n)
         return [self._cut(r) for r in rows] if first else rows
