@@ -152,7 +152,7 @@ def test_a_workers_batch_is_the_runs_own_token_for_token_and_pixel_for_pixel(run
     farm = ExpertFarm(run, 1)
     try:
         theirs = farm.load(farm.submit(rows, 3, True, "SFT batch 1"))
-        picked = farm.load(farm.submit(rows, 3, True, "SFT batch 2", forks=(1, 1.0)))  # one of the two, in the worker
+        picked = farm.load(farm.submit(rows, 3, True, "SFT batch 2", pick=(1, 1.0)))  # one of the two, in the worker
     finally:
         farm.close()
     mine = SftPool(run, 1, masked=True)._build(rows, 3, False)

@@ -130,13 +130,13 @@ def expert_episodes(
     *,
     masked: bool,
     prefixes: Mapping[Any, Sequence[str]] | None = None,
-    forks: tuple[int, float] | None = None,
+    pick: tuple[int, float] | None = None,
 ) -> list[Any]:
     """One SFT batch's expert episodes of ``rows`` through ``run.rollout`` (after each row's ``prefixes``, if
-    any: :class:`DetourRecorder`); detour turns out of the loss when ``masked``. ``forks`` ``(n, share)``: ``rows``
+    any: :class:`DetourRecorder`); detour turns out of the loss when ``masked``. ``pick`` ``(n, share)``: ``rows``
     are candidates, the batch :func:`fork_rows` of them (picked where the batch is built: a farm worker's, off the
-    training loop, ~1.6 ms a candidate at easy)."""
-    rows = fork_rows(rows, *forks) if forks else rows
+    training loop, ~1.3 ms a candidate at easy)."""
+    rows = fork_rows(rows, *pick) if pick else rows
     recorder = DetourRecorder(prefixes)
     trajs = run.rollout(rows, seed=seed, repeats=1, script=recorder)
     if not masked:

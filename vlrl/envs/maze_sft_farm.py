@@ -94,16 +94,16 @@ class ExpertFarm:
         masked: bool,
         what: str,
         prefixes: dict | None = None,
-        forks: tuple[int, float] | None = None,
+        pick: tuple[int, float] | None = None,
     ) -> Future:
         """A future of the :class:`~vlrl.train.batch.Batch` of ``rows``' expert episodes (``seed``: the rollout's;
-        ``prefixes``: per row seed, turns replayed before the expert's; ``forks``: ``rows`` are candidates, as
+        ``prefixes``: per row seed, turns replayed before the expert's; ``pick``: ``rows`` are candidates, as
         :func:`~vlrl.envs.maze_sft_data.expert_episodes` takes them)."""
         if self._pool is None:
             raise RuntimeError("the expert farm is closed")
         self._n += 1
         path = os.path.join(self._spool, f"batch-{self._n}.pt")
-        return self._pool.submit(_build, rows, self._config, seed, masked, what, path, prefixes, forks)
+        return self._pool.submit(_build, rows, self._config, seed, masked, what, path, prefixes, pick)
 
     def load(self, future: Future):
         """The finished batch of ``future`` (memory-mapped from its spool file, which is removed)."""
@@ -170,7 +170,7 @@ def _build(
     what: str,
     path: str,
     prefixes: dict | None,
-    forks: tuple[int, float] | None = None,
+    pick: tuple[int, float] | None = None,
 ) -> str:
     import torch
 
@@ -179,7 +179,7 @@ def _build(
 
     run = _WorkerRun(config)
     try:
-        trajs = expert_episodes(run, rows, seed, masked=masked, prefixes=prefixes, forks=forks)
+        trajs = expert_episodes(run, rows, seed, masked=masked, prefixes=prefixes, pick=pick)
         batch = require_batch(run, trajs, what)
         torch.save(batch, path)
     finally:

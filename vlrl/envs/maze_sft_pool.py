@@ -127,14 +127,14 @@ class SftPool:
 
     def _rows(self, first: bool) -> list:
         """An expert batch's rows; with ``forks``, ``draw`` candidates per row of a whole-episode batch, which its
-        builder picks from (:func:`~vlrl.envs.maze_sft_data.fork_rows`, ~1.6 ms a candidate at easy: a farm worker's
+        builder picks from (:func:`~vlrl.envs.maze_sft_data.fork_rows`, ~1.3 ms a candidate at easy: a farm worker's
         work, off the training loop, when the pool fills by processes)."""
         n = self.run.cfg.sft.rows_per_step
         rows = self.run.next_rows(n * self.forks[1] if self._picks(first) else n)
         return [self._cut(r) for r in rows] if first else rows
 
     def _picks(self, first: bool) -> tuple[int, float] | None:
-        """``expert_episodes``' ``forks`` for a batch of kind ``first`` (None: its rows as drawn)."""
+        """``expert_episodes``' ``pick`` (n, share) for a batch of kind ``first`` (None: its rows as drawn)."""
         share = self.forks[0]
         return (self.run.cfg.sft.rows_per_step, share) if share > 0 and not first else None
 
@@ -147,7 +147,7 @@ class SftPool:
         from vlrl.train.loop import require_batch
 
         t = time.time()
-        trajs = expert_episodes(self.run, rows, seed, masked=self.masked and not first, forks=self._picks(first))
+        trajs = expert_episodes(self.run, rows, seed, masked=self.masked and not first, pick=self._picks(first))
         batch = require_batch(self.run, trajs, self._what(first))
         self._build_s = time.time() - t
         return batch
@@ -187,7 +187,7 @@ class SftPool:
         seed, rows = self._seed(), self._rows(first)
         if self._farm is not None:
             future = self._farm.submit(
-                rows, seed, self.masked and not first, self._what(first), forks=self._picks(first)
+                rows, seed, self.masked and not first, self._what(first), pick=self._picks(first)
             )
         else:
             assert self._thread is not None
