@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         evals = ", ".join(
             f"{e.label} {e.solved}/{e.episodes} [{e.low:.3f}, {e.high:.3f}]"
             + ("" if e.within_visgym is None else f" ({e.within_visgym} within VisGym's turns)")
+            + (f", {e.cut_by_context} cut by the model's context" if e.cut_by_context else "")
             for e in result.evals
         )
         print(

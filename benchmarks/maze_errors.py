@@ -95,7 +95,7 @@ def choice_counts(episodes: list[dict]) -> dict:
 
 
 def summarise(episodes: list[dict], budget: int) -> dict:
-    """The run's counts from per-episode ``{"solved", "moves", "labels"}``; ``budget``: the turns to count
+    """The run's counts from per-episode ``{"solved", "moves", "labels"[, "stop"]}``; ``budget``: the turns to count
     ``solved_within_budget`` against (``vlrl.envs.maze_text.VISGYM_TURNS``)."""
     turns = [label for e in episodes for label in e["labels"]]
     first = [
@@ -117,6 +117,8 @@ def summarise(episodes: list[dict], budget: int) -> dict:
         "budget": budget,
         "solved_within_budget": sum(e["solved"] and len(e["labels"]) <= budget for e in episodes),
         "failed_moves": [e["moves"] for e in failed],
+        # "length": the model's context ended it (its last reply cut short, so "unparsed": a "?" in the moves)
+        "stop_reasons": dict(collections.Counter(e.get("stop", "unrecorded") for e in episodes)),
     }
 
 
@@ -157,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         moves, labels, choices = label_turns(make_maze2d(args.level, row.extras, row.seed), replies)
         episodes.append(
             {"seed": row.seed, "solved": traj.total_reward > 0, "moves": moves, "labels": labels, "choices": choices}
+            | {"stop": traj.stop_reason}
         )
     budget = args.max_turns or VISGYM_TURNS.get(args.level, LEVELS[args.level]["max_turns"])
     summary = summarise(episodes, budget)

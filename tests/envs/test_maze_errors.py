@@ -45,10 +45,11 @@ def test_the_experts_episode_is_all_ok_and_each_kind_of_mistake_is_named():
         [
             {"solved": True, "moves": "RS", "labels": ["ok", "ok"]},
             {"solved": True, "moves": "LRRS", "labels": ["off_path", "ok", "ok", "ok"]},
-            {"solved": False, "moves": "RLLL", "labels": ["ok", "off_path", "wall", "wall"]},
+            {"solved": False, "moves": "RLLL", "labels": ["ok", "off_path", "wall", "wall"], "stop": "length"},
         ],
         budget=3,
     )
+    assert summary["stop_reasons"] == {"unrecorded": 2, "length": 1}  # a context-ended episode is told apart
     assert summary["solved"] == 2 and summary["with_a_mistake"] == 2 and summary["solved_after_a_mistake"] == 1
     assert summary["first_mistake"] == {"off_path": 2} and summary["first_mistake_turn"] == {0: 1, 1: 1}
     assert summary["ok_share"] == 0.6 and summary["failed_moves"] == ["RLLL"]

@@ -40,3 +40,26 @@ def test_episodes_solved_past_visgyms_budget_are_counted_apart(tmp_path, monkeyp
 def test_levels_visgym_lacks_have_no_such_count(tmp_path, monkeypatch):
     result, _ = _expert_eval(tmp_path, monkeypatch, "5x5", '{"expert_noise":0.0}')
     assert result.solved == 12 and result.within_visgym is None
+
+
+def test_episodes_the_models_context_ends_are_counted(tmp_path, monkeypatch):
+    """hard's 46 turns do not fit the small model's 4,096 tokens (turn 37, ~111 tokens a turn): the eval says how
+    many episodes the context ended, where they would otherwise read as the policy's failures."""
+    from vlrl.train.run import Run
+
+    played = []
+
+    def expert(run, rows):
+        played.extend(run.rollout(rows, seed=1, repeats=1, script=DetourRecorder()))
+        return played
+
+    monkeypatch.setattr(maze_curriculum, "greedy_rollouts", expert)
+    run = Run(level_config(LevelPlan("7x7", 0, 0, overrides=(*CPU, 'data.extras={"expert_noise":0.0}')), tmp_path))
+    try:
+        run.engine.max_context = 900  # the engine's own limit, set low: a 7x7 expert needs 9-17 turns
+        result = maze_curriculum.evaluate(run, 0, "expert")
+    finally:
+        run.close()
+    cut = [t for t in played if t.stop_reason == "length"]
+    assert 0 < len(cut) < 12, [len(t.turns) for t in played]
+    assert result.cut_by_context == len(cut) and result.solved == 12 - len(cut)

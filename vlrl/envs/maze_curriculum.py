@@ -114,6 +114,8 @@ class EvalResult:
     """The 95 % Wilson score interval of the success rate."""
     within_visgym: int | None = None
     """Solved within VisGym's number of turns (``maze_text.VISGYM_TURNS``; None for the levels it lacks)."""
+    cut_by_context: int = 0
+    """Ended by the model's context before the turn budget (``stop_reason`` length; hard: turn 37 of 46 at 4,096)."""
 
     @property
     def success(self) -> float:
@@ -182,7 +184,8 @@ def evaluate(run, step: int, label: str, keep: int = 4) -> EvalResult:
     low, high = wilson(len(solved), len(trajs))
     budget = VISGYM_TURNS.get(run.cfg.data.env.removeprefix("maze2d/"))
     within = None if budget is None else sum(len(t.turns) <= budget for t in solved)
-    result = EvalResult(label, len(solved), len(trajs), low, high, within)
+    cut = sum(t.stop_reason == "length" for t in trajs)
+    result = EvalResult(label, len(solved), len(trajs), low, high, within, cut)
     mean = sum(t.total_reward for t in trajs) / max(1, len(trajs))
     stats = {"eval_reward_mean": mean, "eval_success": result.success, "label": label} | took
     run.log.metrics(step, "eval", stats | {"eval_episodes": len(trajs), "success_low": low, "success_high": high})
