@@ -32,7 +32,7 @@ import random
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from vlrl.errors import ConfigError
+from vlrl.rollout.scripted import refuse_cut
 
 
 class DetourRecorder:
@@ -141,24 +141,11 @@ def expert_episodes(
     rows = fork_rows(rows, *pick) if pick else rows
     recorder = DetourRecorder(prefixes)
     trajs = run.rollout(rows, seed=seed, repeats=1, script=recorder)
-    refuse_cut_episodes(trajs)
+    # hard's branch detours fill its 46 turns; the small model's 4,096 tokens hold ~36 (docs/maze.md item 30)
+    refuse_cut(trajs, "expert SFT episodes", cap="data.extras.max_turns")
     if not masked:
         return trajs
     return mask_detours(trajs, [_seed(r) for r in rows], recorder.detours)
-
-
-def refuse_cut_episodes(trajs: Sequence[Any]) -> None:
-    """Raise where the model's context ended an expert episode before the goal: the level's turn budget does not
-    fit the context, and SFT would train on episodes that never reach the goal. Why: at hard (46 turns) the small
-    model's 4,096 tokens end an episode at turn 37, and the expert's branch detours fill the budget, so 56 of 64
-    SFT episodes stopped short of the goal (docs/maze.md item 30)."""
-    cut = [t for t in trajs if t.stop_reason == "length"]
-    if cut:
-        fits = min(len(t.turns) for t in cut) - 1
-        raise ConfigError(
-            f"{len(cut)} of {len(trajs)} expert SFT episodes outgrew the model's context after {fits} turns, before "
-            f"the goal: set data.extras.max_turns to {fits} or fewer, or use a model with a longer context"
-        )
 
 
 def takeover_episodes(run: Any, rows: Sequence[Any], seed: int, *, turns: int) -> list[Any]:

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from vlrl.engines.types import FinishReason, Generation, SamplingParams
-from vlrl.errors import VlrlError
+from vlrl.errors import ConfigError, VlrlError
 from vlrl.render.types import RenderedPrompt
 from vlrl.rollout.episode import Policy
 
@@ -97,3 +97,16 @@ class ScriptedPolicy:
                 raise VlrlError("the script handed a turn to the engine, but this rollout has no engine")
             return await self.fallback.agenerate(prompt, params)
         return self.generation(prompt, params, text)
+
+
+def refuse_cut(trajs: Sequence, what: str, *, cap: str = "rollout.max_turns") -> None:
+    """Raise where the context ended a scripted (expert) episode before its env did: SFT would train on an episode
+    that never reaches its end, silently (at maze hard 56 of 64 did, docs/maze.md item 30). Names the turns that
+    fit and ``cap``, the setting that bounds them."""
+    cut = [t for t in trajs if t.stop_reason == "length"]
+    if cut:
+        fits = min(len(t.turns) for t in cut) - 1  # the last turn may be the one the context cut
+        raise ConfigError(
+            f"{len(cut)} of {len(trajs)} {what} outgrew the model's context after {fits} turns, before the env "
+            f"ended them: set {cap} to {fits} or fewer, or use a model with a longer context"
+        )

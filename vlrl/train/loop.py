@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from vlrl.errors import VlrlError
+from vlrl.rollout.scripted import refuse_cut
 from vlrl.train import distributed as D
 from vlrl.train.checkpoint import write_atomic
 from vlrl.train.config import TrainConfig
@@ -128,6 +129,7 @@ def sft(run: Run) -> None:
     every = cfg.run.checkpoint_every
     for k in range(run.state.sft_step, cfg.sft.steps):
         trajs = run.rollout(run.next_rows(cfg.sft.rows_per_step), seed=k, repeats=1, script=expert)
+        refuse_cut(trajs, f"SFT step {k + 1}'s expert episodes")
         values = run.sft_update(sft_trainer, require_batch(run, trajs, f"SFT step {k + 1}"))
         run.state.sft_step = k + 1
         run.log.metrics(k + 1, "sft", values)
