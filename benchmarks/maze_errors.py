@@ -1,9 +1,10 @@
 """Where a maze policy goes wrong: each greedy eval episode replayed move by move against the BFS expert's move.
 
     python benchmarks/maze_errors.py WEIGHTS [--level easy] [--mazes 100] [--device cpu] [--max-turns 20]
-        [--out benchmarks/results/maze_errors_cpu.json] [--chunk 50]
+        [--temperature 0.5] [--out benchmarks/results/maze_errors_cpu.json] [--chunk 50] [--episodes eps.jsonl]
 
-Runs the curriculum's own evaluation (``greedy_rollouts``) on the level's first ``--mazes`` eval mazes, then replays
+Runs the curriculum's own evaluation (``greedy_rollouts``; ``--temperature`` > 0 samples instead, seeded as the
+eval is, so a rerun gives the same episodes) on the level's first ``--mazes`` eval mazes, then replays
 each episode's replies in a fresh env of the same seed and labels every turn:
 
 - ``ok``: the shortest path's move (``stop`` on the goal);
@@ -16,7 +17,9 @@ episodes made a mistake and recovered, how many were solved within ``--max-turns
 (``vlrl.envs.maze_text.VISGYM_TURNS``, which says how that differs from a run under that budget; the small levels:
 their own), the failed episodes' moves as letters (R U L D, S for stop), and at the choices on the way (two or
 more ways on) whether heading for the goal picks the right way, ties or turns from it, and how often each went
-wrong. Appends the run to ``--out``; on CPU ~1 s an easy episode for the small model (198 s for 200 of a 91 %
+wrong, how many moves each failed episode still had to go where it ended (``failed_left_to_goal``), and what the
+agent took on coming back to a tile it had left by a wrong way (``returns``: :func:`returns`). Appends the run to
+``--out``; on CPU ~1 s an easy episode for the small model (198 s for 200 of a 91 %
 policy, 50 at a time).
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -65,6 +69,51 @@ def label_turns(env, replies: list[str]) -> tuple[str, list[str], list[str | Non
         if result.done:
             break
     return letters, labels, choices
+
+
+def tiles(maze_map, start: tuple[int, int], moves: str) -> list[tuple[int, int]]:
+    """The agent's tile before each of ``moves`` (letters as :func:`label_turns` gives them, up to the first that is
+    no move) and after the last (a wall bump stays put)."""
+    from vlrl.envs.maze2d import DELTAS
+
+    out = [start]
+    for letter in moves:
+        if letter not in "RULD":
+            break
+        row, col = out[-1]
+        step = (row + DELTAS["RULD".index(letter)][0], col + DELTAS["RULD".index(letter)][1])
+        out.append(out[-1] if maze_map[step] == 1 else step)
+    return out
+
+
+def returns(maze_map, start: tuple[int, int], moves: str, labels: list[str]) -> list[str]:
+    """For each turn of ``moves`` and ``labels`` (as :func:`label_turns` gives them) that finds the agent back on a
+    tile it left the last time by a wrong way (``off_path``), what it took this time: ``same`` (that wrong way
+    again), ``path`` (the shortest path's move) or ``other`` (another wrong way, or a wall). The frame is the same on
+    each visit (the disc on that tile), so only the history tells the policy it has been down that way and come
+    back; the expert's detours come back to take the path, so it goes the same wrong way again only where a new
+    random detour happens to take it."""
+    last: dict[tuple[int, int], tuple[str, str]] = {}
+    out = []
+    for cell, letter, label in zip(tiles(maze_map, start, moves), moves, labels, strict=False):
+        if letter not in "RULD":
+            break
+        if last.get(cell, ("", ""))[1] == "off_path":  # back: an off_path move left the tile (a bump is "wall")
+            out.append("same" if last[cell][0] == letter else "path" if label == "ok" else "other")
+        last[cell] = (letter, label)
+    return out
+
+
+def replay_facts(env, moves: str, labels: list[str]) -> dict:
+    """In ``env``'s maze (a fresh ``make_maze2d`` env, not yet started): the episode's :func:`returns`, and how many
+    moves the shortest path still had to go where it ended (``left``; 0 on the goal)."""
+    from vlrl.envs.maze_solver import shortest_path_actions
+
+    env.init()
+    game = env.gym_env.unwrapped
+    end = tiles(game.maze_map, game.agent, moves)[-1]
+    left = len(shortest_path_actions(game.maze_map, end, game.target))
+    return {"returns": returns(game.maze_map, game.agent, moves, labels), "left": left}
 
 
 def with_budget(rows: list, max_turns: int | None) -> list:
@@ -119,7 +168,16 @@ def summarise(episodes: list[dict], budget: int) -> dict:
         "failed_moves": [e["moves"] for e in failed],
         # "length": the model's context ended it (its last reply cut short, so "unparsed": a "?" in the moves)
         "stop_reasons": dict(collections.Counter(e.get("stop", "unrecorded") for e in episodes)),
+        "returns": return_counts(episodes),
+        "returns_failed": return_counts(failed),
+        # how far from the goal the failures ended: near ones ran out of turns, far ones lost the way
+        "failed_left_to_goal": dict(sorted(collections.Counter(e.get("left") for e in failed if "left" in e).items())),
     }
+
+
+def return_counts(episodes: list[dict]) -> dict[str, int]:
+    """How often each episode's returns (:func:`returns`) took the same wrong way, the path, or another way."""
+    return dict(collections.Counter(kind for e in episodes for kind in e.get("returns", [])))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mazes", type=int, default=100)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--max-turns", type=int, default=None, help="the episodes' turn budget (default: the level's)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="the episodes' sampling temperature (0: greedy)")
     ap.add_argument("--out", default="benchmarks/results/maze_errors_cpu.json")
     ap.add_argument(
         "--chunk",
@@ -136,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         default=50,
         help="episodes rolled out at once, greedy (200 easy ones at once held 16-17.7 GB, 50: 11.8)",
     )
+    ap.add_argument("--episodes", default=None, help="also write each episode's seed, moves and labels here (JSONL)")
     args = ap.parse_args(argv)
 
     from maze_perception import append_run, weights_config
@@ -147,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.time()
     cfg = weights_config(args.level, args.weights, args.device, "/tmp/maze_errors")
+    cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, eval_temperature=args.temperature))
     run = Run(cfg)
     try:
         rows = with_budget(run.eval_rows[: args.mazes], args.max_turns)
@@ -157,10 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     for row, traj in zip(rows, trajs, strict=True):
         replies = [turn.text for turn in traj.turns]
         moves, labels, choices = label_turns(make_maze2d(args.level, row.extras, row.seed), replies)
+        facts = replay_facts(make_maze2d(args.level, row.extras, row.seed), moves, labels)
         episodes.append(
             {"seed": row.seed, "solved": traj.total_reward > 0, "moves": moves, "labels": labels, "choices": choices}
             | {"stop": traj.stop_reason}
+            | facts
         )
+    if args.episodes:
+        Path(args.episodes).write_text("".join(json.dumps(e) + "\n" for e in episodes))
     budget = args.max_turns or VISGYM_TURNS.get(args.level, LEVELS[args.level]["max_turns"])
     summary = summarise(episodes, budget)
     for key, value in summary.items():

@@ -94,3 +94,33 @@ def test_choices_are_counted_on_the_way_to_the_first_mistake_and_the_expert_make
         assert choices == [*path_choices(game.maze_map, game.agent, game.target), None], seed
         kinds |= set(choices)
     assert kinds == {None, "toward", "tie", "away"}
+
+
+def test_a_return_down_the_wrong_way_taken_last_time_is_told_from_one_that_takes_another():
+    import numpy as np
+
+    errors = _module()
+    maze = np.ones((3, 6), dtype=np.int64)
+    maze[1, 1:5] = 0  # one corridor, (1, 1) to (1, 4)
+    # left off the path and back, left again (the same wrong way), back, then right on (the path)
+    labels = ["off_path", "ok", "off_path", "ok", "ok"]
+    assert errors.returns(maze, (1, 2), "LRLRR", labels) == ["same", "path"]
+    # back from the left (a wrong way), up into the wall, then left once more (after a bump: no return)
+    assert errors.returns(maze, (1, 2), "LRUL", ["off_path", "ok", "wall", "off_path"]) == ["other"]
+    # a wall bump leaves the agent where it was: no way out, so the next turn is no return
+    assert errors.returns(maze, (1, 2), "LLR", ["off_path", "wall", "ok"]) == []
+    # back where the last move was right (a later mistake brought it back): taking it again is no repeat
+    assert errors.returns(maze, (1, 2), "RLR", ["ok", "off_path", "ok"]) == []
+    episodes = [{"returns": ["same", "path"]}, {"returns": ["same"]}, {}]
+    assert errors.return_counts(episodes) == {"same": 2, "path": 1}
+    for seed in range(5):  # the expert takes no wrong way, so it never comes back from one
+        actions, game = _expert(seed)
+        letters, labels, _ = errors.label_turns(
+            make_maze2d("easy", {}, seed), [action_text(a, "keyword") for a in actions]
+        )
+        assert errors.returns(game.maze_map, game.agent, letters, labels) == []
+        # where an episode ends: on the goal, or as many moves short of it as were not played
+        assert errors.replay_facts(make_maze2d("easy", {}, seed), letters, labels) == {"returns": [], "left": 0}
+        cut = letters[:3]
+        facts = errors.replay_facts(make_maze2d("easy", {}, seed), cut, labels[:3])
+        assert facts["left"] == len(actions) - 1 - 3
