@@ -2,7 +2,7 @@
 last one ended with (the first from random init), SFT then GRPO (vlrl.envs.maze_curriculum).
 
     python benchmarks/maze_curriculum.py --out /tmp/mc --plan 5x5:150:240 [--plan 7x7:60:200] \
-        [--weights DIR] [--set section.key=value ...] [--json results.json]
+        [--weights DIR [--grow-text-layers N]] [--set section.key=value ...] [--json results.json]
 
 A plan is ``level:sft_seconds:rl_seconds``; ``--set`` overrides apply to every level. Writes per level
 ``<out>/<level>/`` (metrics, agreement, samples, summary, report.html, weights/) and the results JSON: per
@@ -84,13 +84,15 @@ def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (the levels' plans, the start and every level's settings)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument(
         "--plan", action="append", required=True, help="level:sft_s:rl_s[:sft_pool[:first_turn_s]] (repeatable)"
     )
     ap.add_argument("--weights", default=None, help="model dir to start the first level from (default random init)")
+    ap.add_argument("--grow-text-layers", type=int, default=0, help="first deepen --weights' text model to N layers")
     ap.add_argument("--set", action="append", default=[], help="section.key=value for every level")
     ap.add_argument("--model", choices=["tiny", "small"], default="tiny", help="random-init model of the first level")
     ap.add_argument("--init", choices=["normal", "fan_in"], default="normal", help="how that model's weights are drawn")
@@ -140,10 +142,21 @@ def main(argv: list[str] | None = None) -> int:
         "--snapshot-seconds", type=float, default=0.0, help="save the weights every N s of SFT (<level>/snapshots)"
     )
     ap.add_argument("--json", default=None, help="results file (default <out>/results.json)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
+    if args.grow_text_layers and not args.weights:
+        ap.error("--grow-text-layers deepens the model of --weights: name one")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results, weights, t0 = [], args.weights, time.time()
+    if args.grow_text_layers:
+        from vlrl.envs.maze_models import grow_text_layers
+
+        weights = str(grow_text_layers(args.weights, out / "grown", args.grow_text_layers))
     for text in args.plan:
         plan = parse_plan(text, args)
         result = train_level(plan, out / plan.level, model_path=weights)

@@ -61,18 +61,14 @@ def test_a_batch_picks_its_share_of_away_fork_mazes_from_the_candidates_and_the_
 
 def test_the_command_line_reads_fork_mazes_as_a_share_and_a_draw(tmp_path):
     import argparse
-    import importlib.util
     import subprocess
     import sys
-    from pathlib import Path
 
     import pytest
+    from bench_script import BENCHMARKS, load  # tests/envs is on sys.path (as maze_cpu)
 
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "maze_curriculum.py"
-    spec = importlib.util.spec_from_file_location("maze_curriculum_cli", script)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    script = BENCHMARKS / "maze_curriculum.py"
+    mod = load("maze_curriculum.py", "maze_curriculum_cli")
     assert mod.forks_arg("0.5:6") == (0.5, 6) and mod.forks_arg("0:1") == (0.0, 1) and mod.forks_arg("1:4") == (1.0, 4)
     for bad in ("0.5", "2:6", "-0.1:6", "0.5:0", "a:6", "0.5:x", "nan:6"):
         with pytest.raises(argparse.ArgumentTypeError, match="SHARE:DRAW"):

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from bench_script import load  # tests/envs is on sys.path (as maze_cpu)
 
 from vlrl.envs.maze2d import DELTAS
 from vlrl.envs.maze_solver import expert_actions
 from vlrl.envs.maze_text import action_text, make_maze2d
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "maze_errors.py"
-
 
 def _module():
-    spec = importlib.util.spec_from_file_location("maze_errors", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("maze_errors.py")
 
 
 def _expert(seed: int) -> tuple[list[int], object]:

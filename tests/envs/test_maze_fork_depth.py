@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "maze_fork_depth.py"
+from bench_script import load  # tests/envs is on sys.path (as maze_cpu)
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("maze_fork_depth", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("maze_fork_depth.py")
 
 
 def _t_maze() -> np.ndarray:

@@ -135,14 +135,10 @@ def test_a_script_that_hands_a_turn_to_no_engine_is_an_error(tiny):
 
 def test_the_command_line_reads_takeover_as_two_integers():
     import argparse
-    import importlib.util
-    from pathlib import Path
 
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "maze_curriculum.py"
-    spec = importlib.util.spec_from_file_location("maze_curriculum_cli", script)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from bench_script import load  # tests/envs is on sys.path (as maze_cpu)
+
+    mod = load("maze_curriculum.py", "maze_curriculum_cli")
     assert mod.takeover_arg("4:12") == (4, 12) and mod.takeover_arg("0:0") == (0, 0)
     for bad in ("4", "4:", "a:3", "-1:3", "4:12:1"):
         with pytest.raises(argparse.ArgumentTypeError, match="N:M"):

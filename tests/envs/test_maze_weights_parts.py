@@ -8,13 +8,13 @@ that says so, not a model with holes. ~15 s on CPU (the tiny maze model).
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from bench_script import load  # tests/envs is on sys.path (as maze_cpu)
 from safetensors.torch import load_file
 
 from vlrl.envs.maze_models import start_checkpoint
@@ -23,10 +23,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "device" / "weight
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("weights_parts", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("device/weights_parts.py")
 
 
 @pytest.fixture(scope="module")

@@ -145,3 +145,56 @@ def start_checkpoint(
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
     return path
+
+
+def grow_text_layers(src: str | Path, dst: str | Path, layers: int) -> Path:
+    """A copy of the model directory ``src`` at ``dst`` with its language model deepened to ``layers`` decoder
+    layers: after each of its N layers come copies of that layer (spread evenly, the first layers taking the
+    remainder) with their attention output and MLP down projections zeroed. A zeroed copy adds nothing to the
+    residual stream, so the grown model computes what ``src`` computes, logit for logit; those two projections get
+    gradients from the first step, and the rest of each copy after them (LLaMA Pro's block expansion). Why: the
+    small model's errors at hard's forks grow with how far it must look ahead (docs/maze.md item 31), and depth is
+    cheap here (a layer is 0.8 M weights beside the 39 M of the 151,936-row embedding and its tied head).
+
+    ``src`` must hold one ``model.safetensors`` (the curriculum's weights do). ``dst`` is written aside and then
+    renamed, so it is never half-built; its ``vlrl_model.json`` says ``text_layers`` and ``grown_from``."""
+    from safetensors.torch import load_file, save_file
+
+    src, dst = Path(src), Path(dst)
+    config = json.loads((src / "config.json").read_text())
+    text = config.get("text_config", config)
+    have = int(text["num_hidden_layers"])
+    if not (src / "model.safetensors").exists():
+        raise ValueError(f"{src} has no single model.safetensors to grow (sharded weights are not supported)")
+    if layers < have:
+        raise ValueError(f"cannot grow {src} from {have} to {layers} text layers: that is fewer")
+    extra, plan = layers - have, []  # (source layer, zeroed) per new layer
+    for j in range(have):
+        plan += [(j, False)] + [(j, True)] * (extra // have + (j < extra % have))
+    tensors, out = load_file(src / "model.safetensors"), {}
+    for key, value in tensors.items():
+        if not key.startswith("model.layers."):
+            out[key] = value
+    zeroed = ("self_attn.o_proj.weight", "self_attn.o_proj.bias", "mlp.down_proj.weight", "mlp.down_proj.bias")
+    added = 0
+    for i, (j, zero) in enumerate(plan):
+        prefix = f"model.layers.{j}."
+        for key, value in tensors.items():
+            if key.startswith(prefix):
+                name = key.removeprefix(prefix)
+                out[f"model.layers.{i}.{name}"] = value.clone().zero_() if zero and name in zeroed else value.clone()
+                added += value.numel() if zero else 0
+    text["num_hidden_layers"] = layers
+    if "layer_types" in text:
+        text["layer_types"] = [text["layer_types"][j] for j, _ in plan]
+    tmp = dst.with_name(f"{dst.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("model.safetensors", "config.json", "vlrl_model.json"))
+    save_file(out, tmp / "model.safetensors", metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    manifest = json.loads((src / "vlrl_model.json").read_text()) if (src / "vlrl_model.json").exists() else {}
+    grown = {"n_params": manifest.get("n_params", 0) + added, "text_layers": layers, "grown_from": have}
+    (tmp / "vlrl_model.json").write_text(json.dumps(manifest | grown) + "\n")
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
+    return dst
