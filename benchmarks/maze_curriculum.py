@@ -156,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.grow_text_layers:
         from vlrl.envs.maze_models import grow_text_layers
 
-        weights = str(grow_text_layers(args.weights, out / "grown", args.grow_text_layers))
+        # beside the run's dir, not in it: lease.sh packs the newest weights under it and tars the rest
+        weights = str(grow_text_layers(args.weights, out.with_name(f"{out.name}.grown"), args.grow_text_layers))
     for text in args.plan:
         plan = parse_plan(text, args)
         result = train_level(plan, out / plan.level, model_path=weights)

@@ -109,3 +109,26 @@ def test_the_command_line_grows_only_weights_it_is_given(tmp_path, capsys):
         mod.main(["--out", str(tmp_path / "mc"), "--plan", "5x5:1:0", "--grow-text-layers", "4"])
     assert "--grow-text-layers deepens the model of --weights: name one" in capsys.readouterr().err
     assert not (tmp_path / "mc").exists()  # nothing ran
+
+
+def test_the_command_line_grows_the_start_beside_the_runs_directory(grown, tmp_path, monkeypatch):
+    """Not inside it: ``lease.sh`` packs the newest weights under the run's directory and tars the rest, so a grown
+    start there would travel back as weights. The levels' training is stood in for (the test above trains one)."""
+    from bench_script import load  # tests/envs is on sys.path (as maze_cpu)
+
+    from vlrl.envs.maze_curriculum import EvalResult, LevelResult
+
+    src, _ = grown
+    mod, seen = load("maze_curriculum.py", "maze_curriculum_cli"), []
+
+    def level(plan, out, model_path):
+        seen.append(model_path)
+        evals = (EvalResult("after_sft", 0, 1, 0.0, 1.0),)
+        return LevelResult(plan.level, str(out), 0, 0, 0, 0.0, 0.0, evals, model_path)
+
+    monkeypatch.setattr(mod, "train_level", level)
+    out = tmp_path / "mc"
+    mod.main(["--out", str(out), "--plan", "5x5:1:0", "--weights", str(src), "--grow-text-layers", "3"])
+    assert seen == [str(tmp_path / "mc.grown")]
+    assert json.loads((tmp_path / "mc.grown" / "config.json").read_text())["text_config"]["num_hidden_layers"] == 3
+    assert not list(out.glob("**/*.safetensors"))
