@@ -80,8 +80,8 @@ def tiles(maze_map, start: tuple[int, int], moves: str) -> list[tuple[int, int]]
     for letter in moves:
         if letter not in "RULD":
             break
-        row, col = out[-1]
-        step = (row + DELTAS["RULD".index(letter)][0], col + DELTAS["RULD".index(letter)][1])
+        (row, col), (dr, dc) = out[-1], DELTAS["RULD".index(letter)]
+        step = (row + dr, col + dc)
         out.append(out[-1] if maze_map[step] == 1 else step)
     return out
 
