@@ -139,7 +139,12 @@ def start_checkpoint(
     n_params = sum(p.numel() for p in net.parameters())
     manifest = _manifest(arch, model, init, seed, n_params, image_side, image_stats)
     (tmp / "vlrl_model.json").write_text(json.dumps(manifest) + "\n")
-    if (path / "vlrl_model.json").exists():  # another process built it meanwhile
+    return _publish(tmp, path)
+
+
+def _publish(tmp: Path, path: Path) -> Path:
+    """``tmp``, a whole model directory, renamed to ``path`` unless another process built ``path`` meanwhile."""
+    if (path / "vlrl_model.json").exists():
         shutil.rmtree(tmp)
     else:
         shutil.rmtree(path, ignore_errors=True)
