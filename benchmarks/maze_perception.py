@@ -38,6 +38,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -137,7 +138,8 @@ def vision_module(model):
     return model.model.visual
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (the model, the mazes, the readout's target and the optimizer's settings)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="qwen2_5_vl", choices=["qwen2_5_vl", "qwen3_vl", "qwen2_vl"])
     ap.add_argument("--model", default="tiny", choices=["tiny", "small"])
@@ -163,6 +165,180 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results/maze_perception_cpu.json")
     ap.add_argument("--name", default=None)
+    return ap
+
+
+def _label_keys(train: dict, held: dict, size: int, target: str) -> tuple[tuple[str, ...], dict[str, int]]:
+    """The keys read out for ``target`` (row and col first) and each one's class count. Adds to ``train`` and
+    ``held`` the corridor tiles' wall labels (``"w{r}{c}"``: 1 = wall at tile (r, c)), which ``walls`` reads."""
+    tiles = corridor_tiles(size)
+    for data in (train, held):
+        data.update({f"w{r}{c}": [int(m[r, c]) for m in data["maps"]] for r, c in tiles})
+    walls = tuple(f"w{r}{c}" for r, c in tiles)
+    extra = {"move": ("move",), "neighbours": NEIGHBOURS, "walls": walls, "walls_move": (*walls, "move")}
+    keys = ("row", "col", *extra[target])
+    return keys, {**dict.fromkeys(keys, 2), "row": size, "col": size, "move": 4}
+
+
+def _chance(train: dict, held: dict, ncls: dict[str, int], y_train: dict, y_held: dict, n_train: int) -> dict:
+    """Chance: per key the train majority's held-out accuracy, ``loss`` (the train labels' summed entropy) and, per
+    key after row and col, ``{key}_given_cell`` (the best guess knowing only the agent's tile: its train majority)."""
+    import torch
+
+    keys = tuple(y_train)
+    chance = {}
+    for k in keys:
+        majority = int(torch.bincount(y_train[k], minlength=ncls[k]).argmax())
+        chance[k] = round(float((y_held[k] == majority).float().mean()), 4)
+    probs = {k: torch.bincount(y_train[k], minlength=ncls[k]).float() / n_train for k in keys}
+    chance["loss"] = round(float(sum(-(p[p > 0] * p[p > 0].log()).sum() for p in probs.values())), 4)
+    for k in keys[2:]:
+        per_cell: dict = {}
+        for r, c, v in zip(train["row"], train["col"], train[k], strict=True):
+            per_cell.setdefault((r, c), []).append(v)
+        best = {cell: max(set(vs), key=vs.count) for cell, vs in per_cell.items()}
+        hits = [best.get((r, c)) == v for r, c, v in zip(held["row"], held["col"], held[k], strict=True)]
+        chance[f"{k}_given_cell"] = round(sum(hits) / len(hits), 4)
+    return chance
+
+
+def _readout_at(n_keys: int, target: str, say: bool) -> list[int]:
+    """Readout positions: the last ``n_keys``; with ``--say-position``, row and col where the model predicts the
+    two digits (before each) and the rest at the tail's last positions, after the digits."""
+    n_tail = 2 + (4 if target == "neighbours" else 0)
+    return list(range(-n_keys, 0)) if not say else [-n_tail - 1, -n_tail, *range(-(n_keys - 2), 0)]
+
+
+class _Readout(NamedTuple):  # not a dataclass: that needs the module in sys.modules (tests/envs/bench_script.py)
+    """The probe's heads: the hidden states (after the final norm) at positions ``at``, one per key, through the
+    tied lm_head rows of the ``digits`` tokens, key ``k`` over the first ``ncls[k]`` of them."""
+
+    model: Any
+    digits: list[int]
+    at: list[int]
+    keys: tuple[str, ...]
+    ncls: dict[str, int]
+    per_img: int  # patch rows per frame in the processor's pixel_values
+
+    def batch(self, enc: dict, idx) -> dict:
+        """The model inputs of frames ``idx`` ([B]) of the processor's tensors ``enc``."""
+        pv = enc["pixel_values"].view(-1, self.per_img, enc["pixel_values"].shape[-1])[idx].flatten(0, 1)
+        per_row = {k: v[idx] for k, v in enc.items() if k in ("input_ids", "attention_mask", "mm_token_type_ids")}
+        return dict(per_row, pixel_values=pv, image_grid_thw=enc["image_grid_thw"][idx])
+
+    def heads(self, inputs: dict) -> dict:
+        """Each key's logits, [B, ncls[key]]."""
+        hidden = self.model.model(**inputs).last_hidden_state[:, self.at]  # [B, K, H], after the final norm
+        logits = hidden @ self.model.get_output_embeddings().weight[self.digits].T  # [B, K, size]
+        return {k: logits[:, i, : self.ncls[k]] for i, k in enumerate(self.keys)}
+
+    def loss(self, out: dict, y: dict):
+        """The sum of the keys' cross-entropies (``y``: each key's labels, [B])."""
+        import torch
+
+        return sum(torch.nn.functional.cross_entropy(out[k], y[k]) for k in self.keys)
+
+
+def _evaluate(readout: _Readout, enc_held: dict, y_held: dict, heldout: int) -> dict:
+    """Held-out loss and accuracies, and the RMS of the held-out frames' merged image tokens (overall and between
+    mazes), in eval mode; the model is left in train mode."""
+    import torch
+
+    model = readout.model
+    model.eval()
+    idx = torch.arange(heldout)
+    with torch.no_grad():
+        inputs = readout.batch(enc_held, idx)
+        out = readout.heads(inputs)
+        feats = model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"])
+        feats = getattr(feats, "pooler_output", feats)
+        feats = torch.cat(list(feats)) if isinstance(feats, list | tuple) else feats
+        toks = feats.view(heldout, -1, feats.shape[-1])
+    model.train()
+    acc = {k: round(float((out[k].argmax(-1) == y_held[k]).float().mean()), 4) for k in readout.keys}
+    return {
+        "heldout_loss": round(float(readout.loss(out, y_held)), 4),
+        "acc": acc,
+        "image_rms": round(float(toks.pow(2).mean().sqrt()), 5),
+        "between_maze_rms": round(float(toks.std(0).pow(2).mean().sqrt()), 5),
+    }
+
+
+def _train(
+    args: argparse.Namespace, readout: _Readout, enc_train: dict, y_train: dict, enc_held: dict, y_held: dict
+) -> tuple[list[dict], int | None]:
+    """AdamW (the vision tower's lr times ``--vision-lr-scale``) on random training batches, a curve point at step 1,
+    every ``--every`` steps and the last; returns the curve and the step a ``KeyboardInterrupt`` stopped it at."""
+    import torch
+
+    model = readout.model
+    visual = vision_module(model)
+    vis_ids = {id(p) for p in visual.parameters()}
+    groups = [
+        {"params": [p for p in model.parameters() if id(p) not in vis_ids], "lr": args.lr},
+        {"params": list(visual.parameters()), "lr": args.lr * args.vision_lr_scale},
+    ]
+    opt = torch.optim.AdamW(groups, weight_decay=args.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / args.warmup) if args.warmup else 1.0)
+    gen = torch.Generator().manual_seed(args.seed)
+    curve, losses = [], []
+    stopped = None  # `timeout -s INT` ends training early but still records the run
+    try:
+        for step in range(1, args.steps + 1):
+            idx = torch.randint(0, args.train, (args.batch,), generator=gen)
+            loss = readout.loss(readout.heads(readout.batch(enc_train, idx)), {k: v[idx] for k, v in y_train.items()})
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            vgrad = torch.sqrt(sum(p.grad.pow(2).sum() for p in visual.parameters() if p.grad is not None))
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip if args.clip > 0 else float("inf"))
+            opt.step()
+            sched.step()
+            losses.append(float(loss.detach()))
+            if step % args.every == 0 or step == 1 or step == args.steps:
+                point = {"step": step, "train_loss": round(sum(losses) / len(losses), 4), "lr": sched.get_last_lr()[0]}
+                point.update(vision_grad_norm=float(vgrad), grad_norm=round(float(gnorm), 4))
+                point.update(_evaluate(readout, enc_held, y_held, args.heldout))
+                losses = []
+                curve.append(point)
+                print(json.dumps(point), flush=True)
+    except KeyboardInterrupt:
+        stopped = step
+        print(f"interrupted at step {step}", flush=True)
+    return curve, stopped
+
+
+def _run_record(
+    args: argparse.Namespace, argv: list[str] | None, tile: int, stop: int | None, data: dict, curve: list, wall: float
+) -> dict:
+    """The run as appended to ``--out`` (``stop``: the step an interrupt stopped it at; ``data``: the frames' and
+    labels' numbers, in the record's order)."""
+    return {
+        "name": args.name or f"{args.arch}-{args.model}-vlr{args.vision_lr_scale:g}",
+        "command": "python benchmarks/maze_perception.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "arch": args.arch,
+        "model": args.model,
+        "init": args.init,
+        "level": args.level,
+        "tile": tile,
+        "steps": args.steps,
+        "stopped_at_step": stop,
+        "lr": args.lr,
+        "vision_lr_scale": args.vision_lr_scale,
+        "warmup": args.warmup,
+        "clip": args.clip,
+        "target": args.target,
+        "say_position": args.say_position,
+        "train_mazes": args.train,
+        "heldout_mazes": args.heldout,
+        **data,
+        "final_acc": curve[-1]["acc"],
+        "curve": curve,
+        "wall_s": wall,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     if args.say_position and args.target not in ("move", "neighbours"):
         ap.error("--say-position goes with --target move or neighbours")
@@ -189,37 +365,15 @@ def main(argv: list[str] | None = None) -> int:
 
     train = make_data(args.level, tile, range(args.train))
     held = make_data(args.level, tile, range(10**6, 10**6 + args.heldout))
-    tiles = corridor_tiles(size)
-    for data in (train, held):  # "w{r}{c}": 1 = wall at tile (r, c)
-        data.update({f"w{r}{c}": [int(m[r, c]) for m in data["maps"]] for r, c in tiles})
-    walls = tuple(f"w{r}{c}" for r, c in tiles)
-    extra = {"move": ("move",), "neighbours": NEIGHBOURS, "walls": walls, "walls_move": (*walls, "move")}
-    keys = ("row", "col", *extra[args.target])
-    ncls = {**dict.fromkeys(keys, 2), "row": size, "col": size, "move": 4}
+    keys, ncls = _label_keys(train, held, size, args.target)
     y_train = {k: torch.tensor(train[k]) for k in keys}
     y_held = {k: torch.tensor(held[k]) for k in keys}
-    chance = {}
-    for k in keys:
-        majority = int(torch.bincount(y_train[k], minlength=ncls[k]).argmax())
-        chance[k] = round(float((y_held[k] == majority).float().mean()), 4)
-    probs = {k: torch.bincount(y_train[k], minlength=ncls[k]).float() / args.train for k in keys}
-    chance["loss"] = round(float(sum(-(p[p > 0] * p[p > 0].log()).sum() for p in probs.values())), 4)
-    for k in keys[2:]:  # the best guess knowing only the agent's tile (train majority per tile)
-        per_cell: dict = {}
-        for r, c, v in zip(train["row"], train["col"], train[k], strict=True):
-            per_cell.setdefault((r, c), []).append(v)
-        best = {cell: max(set(vs), key=vs.count) for cell, vs in per_cell.items()}
-        hits = [best.get((r, c)) == v for r, c, v in zip(held["row"], held["col"], held[k], strict=True)]
-        chance[f"{k}_given_cell"] = round(sum(hits) / len(hits), 4)
+    chance = _chance(train, held, ncls, y_train, y_held, args.train)
     distinct = {f.tobytes() for f in train["frames"]}
     overlap = sum(f.tobytes() in distinct for f in held["frames"]) / len(held["frames"])
     say = args.say_position
     enc_train = encode(processor, train["frames"], QUESTION, spoken_position(train, args.target) if say else None)
     enc_held = encode(processor, held["frames"], QUESTION, spoken_position(held, args.target) if say else None)
-    # Readout positions: the last len(keys); with --say-position, row and col where the model predicts the
-    # two digits (before each) and the rest at the tail's last positions, after the digits.
-    n_tail = 2 + (4 if args.target == "neighbours" else 0)
-    at = list(range(-len(keys), 0)) if not say else [-n_tail - 1, -n_tail, *range(-(len(keys) - 2), 0)]
     per_img = int(enc_train["pixel_values"].shape[0] // args.train)  # patch rows per frame
     print(
         f"{args.arch} {args.model} tile {tile} frame {train['frames'][0].shape} seq {enc_train['input_ids'].shape[1]} "
@@ -228,98 +382,10 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
 
-    def batch(enc, idx):
-        pv = enc["pixel_values"].view(-1, per_img, enc["pixel_values"].shape[-1])[idx].flatten(0, 1)
-        per_row = {k: v[idx] for k, v in enc.items() if k in ("input_ids", "attention_mask", "mm_token_type_ids")}
-        return dict(per_row, pixel_values=pv, image_grid_thw=enc["image_grid_thw"][idx])
-
-    def heads(inputs):
-        hidden = model.model(**inputs).last_hidden_state[:, at]  # [B, K, H], after the final norm
-        logits = hidden @ model.get_output_embeddings().weight[digits].T  # [B, K, size]
-        return {k: logits[:, i, : ncls[k]] for i, k in enumerate(keys)}
-
-    def loss_of(out, y):
-        return sum(torch.nn.functional.cross_entropy(out[k], y[k]) for k in keys)
-
-    visual = vision_module(model)
-    vis_ids = {id(p) for p in visual.parameters()}
-    groups = [
-        {"params": [p for p in model.parameters() if id(p) not in vis_ids], "lr": args.lr},
-        {"params": list(visual.parameters()), "lr": args.lr * args.vision_lr_scale},
-    ]
-    opt = torch.optim.AdamW(groups, weight_decay=args.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / args.warmup) if args.warmup else 1.0)
-    gen = torch.Generator().manual_seed(args.seed)
-
-    def evaluate() -> dict:
-        model.eval()
-        idx = torch.arange(args.heldout)
-        with torch.no_grad():
-            inputs = batch(enc_held, idx)
-            out = heads(inputs)
-            feats = model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"])
-            feats = getattr(feats, "pooler_output", feats)
-            feats = torch.cat(list(feats)) if isinstance(feats, list | tuple) else feats
-            toks = feats.view(args.heldout, -1, feats.shape[-1])
-        model.train()
-        acc = {k: round(float((out[k].argmax(-1) == y_held[k]).float().mean()), 4) for k in keys}
-        return {
-            "heldout_loss": round(float(loss_of(out, y_held)), 4),
-            "acc": acc,
-            "image_rms": round(float(toks.pow(2).mean().sqrt()), 5),
-            "between_maze_rms": round(float(toks.std(0).pow(2).mean().sqrt()), 5),
-        }
-
-    curve, losses = [], []
-    stopped = None  # `timeout -s INT` ends training early but still records the run
-    try:
-        for step in range(1, args.steps + 1):
-            idx = torch.randint(0, args.train, (args.batch,), generator=gen)
-            loss = loss_of(heads(batch(enc_train, idx)), {k: v[idx] for k, v in y_train.items()})
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            vgrad = torch.sqrt(sum(p.grad.pow(2).sum() for p in visual.parameters() if p.grad is not None))
-            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip if args.clip > 0 else float("inf"))
-            opt.step()
-            sched.step()
-            losses.append(float(loss.detach()))
-            if step % args.every == 0 or step == 1 or step == args.steps:
-                point = {"step": step, "train_loss": round(sum(losses) / len(losses), 4), "lr": sched.get_last_lr()[0]}
-                point.update(vision_grad_norm=float(vgrad), grad_norm=round(float(gnorm), 4))
-                point.update(evaluate())
-                losses = []
-                curve.append(point)
-                print(json.dumps(point), flush=True)
-    except KeyboardInterrupt:
-        stopped = step
-        print(f"interrupted at step {step}", flush=True)
-
-    wall = round(time.time() - t0, 1)
-    run = {
-        "name": args.name or f"{args.arch}-{args.model}-vlr{args.vision_lr_scale:g}",
-        "command": "python benchmarks/maze_perception.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "arch": args.arch,
-        "model": args.model,
-        "init": args.init,
-        "level": args.level,
-        "tile": tile,
-        "steps": args.steps,
-        "stopped_at_step": stopped,
-        "lr": args.lr,
-        "vision_lr_scale": args.vision_lr_scale,
-        "warmup": args.warmup,
-        "clip": args.clip,
-        "target": args.target,
-        "say_position": args.say_position,
-        "train_mazes": args.train,
-        "heldout_mazes": args.heldout,
-        "distinct_train_frames": len(distinct),
-        "heldout_frames_seen_in_train": round(overlap, 4),
-        "chance": chance,
-        "final_acc": curve[-1]["acc"],
-        "curve": curve,
-        "wall_s": wall,
-    }
+    readout = _Readout(model, digits, _readout_at(len(keys), args.target, say), keys, ncls, per_img)
+    curve, stopped = _train(args, readout, enc_train, y_train, enc_held, y_held)
+    data = {"distinct_train_frames": len(distinct), "heldout_frames_seen_in_train": round(overlap, 4), "chance": chance}
+    run = _run_record(args, argv, tile, stopped, data, curve, round(time.time() - t0, 1))
     append_run(args.out, __doc__.strip().splitlines()[0], run)
     print(json.dumps({k: run[k] for k in ("name", "final_acc", "chance", "wall_s")}), flush=True)
     return 0

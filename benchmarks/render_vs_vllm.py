@@ -23,13 +23,30 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (the JSON's path, the model size, the conversations a batch and the timed rounds)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out")
     parser.add_argument("--size", default="tiny")
     parser.add_argument("--n", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
+    return parser
+
+
+def _time_embedded(renderer, batches: list, rows: list[dict]) -> None:
+    """Adds to each round's row the embedded renderer's seconds over a batch of its own (the batches after the chat
+    rounds'; a warm-up on the first batch) and vLLM's image processing (fresh images' chat minus the same again)."""
+    rounds = len(rows)
+    [renderer.render(m) for m in batches[0]]  # warm-up
+    for k, row in zip(range(1 + rounds, 1 + 2 * rounds), rows, strict=True):
+        t = time.perf_counter()
+        [renderer.render(m) for m in batches[k]]
+        row["embedded_render_s"] = round(time.perf_counter() - t, 4)
+        row["vllm_image_processing_s"] = round(row["chat_fresh_s"] - row["chat_cached_images_s"], 4)
+
+
+def main() -> int:
+    args = parser().parse_args()
     from vlrl.torchvision_guard import install
 
     install()
@@ -66,13 +83,7 @@ def main() -> int:
     for k in range(1, 1 + args.rounds):
         fresh, again = chat(batches[k]), chat(batches[k])
         rows.append({"chat_fresh_s": round(fresh, 4), "chat_cached_images_s": round(again, 4)})
-    renderer = EmbeddedRenderer.from_pretrained(model)
-    [renderer.render(m) for m in batches[0]]  # warm-up
-    for k, row in zip(range(1 + args.rounds, 1 + 2 * args.rounds), rows, strict=True):
-        t = time.perf_counter()
-        [renderer.render(m) for m in batches[k]]
-        row["embedded_render_s"] = round(time.perf_counter() - t, 4)
-        row["vllm_image_processing_s"] = round(row["chat_fresh_s"] - row["chat_cached_images_s"], 4)
+    _time_embedded(EmbeddedRenderer.from_pretrained(model), batches, rows)
     result = {
         "benchmark": "benchmarks/render_vs_vllm.py",
         "config": vars(args),

@@ -22,6 +22,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -72,7 +73,8 @@ def variant(run, start: dict, batches: list, held, warmup: int, args) -> dict:
     }
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line (the weights, the level, the batches and the warm-up lengths to compare)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--weights", required=True, help="a trained policy's directory (e.g. unpacked lease parts)")
     ap.add_argument("--level", default="easy")
@@ -86,12 +88,32 @@ def main() -> None:
     ap.add_argument("--first-turns", action="store_true")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--json", default="")
-    args = ap.parse_args()
+    return ap
+
+
+def _batches(run, args: argparse.Namespace) -> tuple[list, Any]:
+    """``--batches`` training batches of ``--rows`` expert episodes each (the run's next training rows) and the
+    held-out batch (expert episodes on the eval split's first ``--heldout`` rows); first turns only with
+    ``--first-turns``."""
+    from vlrl.envs.maze_sft_data import expert_episodes
+    from vlrl.train.loop import require_batch
+
+    cut = first_turn_row if args.first_turns else (lambda row: row)
+    batches = [
+        require_batch(run, expert_episodes(run, [cut(r) for r in run.next_rows(args.rows)], i, masked=True), "b")
+        for i in range(args.batches)
+    ]
+    held = require_batch(
+        run, expert_episodes(run, [cut(r) for r in run.eval_rows[: args.heldout]], 99, masked=True), "held"
+    )
+    return batches, held
+
+
+def main() -> None:
+    args = parser().parse_args()
 
     import torch
 
-    from vlrl.envs.maze_sft_data import expert_episodes
-    from vlrl.train.loop import require_batch
     from vlrl.train.run import Run
 
     if args.threads:
@@ -102,15 +124,8 @@ def main() -> None:
     plan = LevelPlan(args.level, 0, 0, overrides=sets)
     run = Run(level_config(plan, "/tmp/sft_restart", args.weights))
     try:
-        cut = first_turn_row if args.first_turns else (lambda row: row)
         t = time.time()
-        batches = [
-            require_batch(run, expert_episodes(run, [cut(r) for r in run.next_rows(args.rows)], i, masked=True), "b")
-            for i in range(args.batches)
-        ]
-        held = require_batch(
-            run, expert_episodes(run, [cut(r) for r in run.eval_rows[: args.heldout]], 99, masked=True), "held"
-        )
+        batches, held = _batches(run, args)
         built = time.time() - t
         start = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
         rows = [variant(run, start, batches, held, int(w), args) for w in args.warmups.split(",")]

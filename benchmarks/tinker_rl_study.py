@@ -83,16 +83,12 @@ def _datums(groups, n_tokens: int):
     return data, sent
 
 
-def study(out: Path, tag: str, steps: int, *, nocache: bool, serial: bool, stop_at: bool) -> None:
-    import numpy as np
-    import rl_loop
+def _serve(out: Path, nocache: bool):
+    """The test's server on ``out/warm`` (the recipe's ``lr_scale`` and micro-batch size), the engine's prefix-KV
+    cache off with ``nocache``, and an SDK client of it: ``(recipe config, engine, running server, client)``."""
     import tinker
-    from tinker import types
 
-    from vlrl.data.tickets import eval_seeds, make_rows, train_seeds
     from vlrl.engines.reuse import PrefixCache
-    from vlrl.render.embedded import EmbeddedRenderer
-    from vlrl.rollout.generator import turn_seed
     from vlrl.tinker.server import build_service, serve_in_thread
     from vlrl.tinker.service import ServiceConfig
     from vlrl.train.config import load_config
@@ -111,6 +107,85 @@ def study(out: Path, tag: str, steps: int, *, nocache: bool, serial: bool, stop_
         engine._prefix = PrefixCache(0)  # the study's one reach inside: no public switch for the cache
     running = serve_in_thread(service)
     client = tinker.ServiceClient(base_url=running.url, api_key=running.api_key)
+    return cfg, engine, running, client
+
+
+def _params(base: int) -> list[list]:
+    """8 rows x 8 requests' sampling params, seeded as the loop seeds them (``turn_seed`` of ``base``, row, repeat)."""
+    from tinker import types
+
+    from vlrl.rollout.generator import turn_seed
+
+    return [
+        [types.SamplingParams(max_tokens=4, temperature=1.0, seed=turn_seed(base, g, r, 0)) for r in range(8)]
+        for g in range(8)
+    ]
+
+
+def _score(rows, episodes, sampled, tok) -> tuple[list[tuple], list[str]]:
+    """Per row ``(model input, rendered prompt, sequences, rewards, GRPO advantages)``, and all completions' texts."""
+    import numpy as np
+    import rl_loop
+
+    groups, texts = [], []
+    for row, (mi, rendered), seqs in zip(rows, episodes, sampled, strict=True):
+        tx = [tok.decode(s.tokens, skip_special_tokens=True) for s in seqs]
+        texts += tx
+        rewards = np.array([rl_loop._reward(row, t) for t in tx])
+        groups.append((mi, rendered, seqs, rewards, rl_loop._grpo(rewards)))
+    return groups, texts
+
+
+def _update(tc, adam, groups: list[tuple]) -> tuple[int, float, float | None]:
+    """The loop's update on ``groups`` (``importance_sampling``, then ``optim_step``): the datums trained on, the
+    grad norm and the largest |trainer - sampler| logprob over the sampled tokens (None: nothing trained)."""
+    import numpy as np
+
+    seqs_all = [s for g in groups for s in g[2]]
+    data, sent = _datums(groups, sum(len(s.tokens) for s in seqs_all))
+    grad_norm, gap = 0.0, None
+    if data:
+        fb = tc.forward_backward(data, "importance_sampling").result()
+        gap = max(
+            float(np.max(np.abs(np.asarray(r["logprobs"].tolist())[off : off + len(q)] - np.asarray(q))))
+            for (off, q), r in zip(sent, fb.loss_fn_outputs, strict=True)
+        )
+        grad_norm = (tc.optim_step(adam).result().metrics or {}).get("grad_norm", 0.0)
+    return len(data), grad_norm, gap
+
+
+def _record(step: int, groups: list[tuple], texts: list[str], data: int, grad_norm: float, gap: float | None) -> dict:
+    """A step's record up to ``tok_hash`` (the module docstring lists its fields)."""
+    import numpy as np
+
+    seqs_all = [s for g in groups for s in g[2]]
+    lps = [x for s in seqs_all for x in s.logprobs]
+    words = [t.strip().lower().replace("<answer>", "").replace("</answer>", "") for t in texts]
+    return {
+        "step": step,
+        "reward": float(np.mean([g[3].mean() for g in groups])),
+        "data": data,
+        "grad_norm": grad_norm,
+        "mean_lp": float(np.mean(lps)),
+        "first_tok_H_est": -float(np.mean([s.logprobs[0] for s in seqs_all])),
+        "min_lp": float(np.min(lps)),
+        "colour_word": float(np.mean([w in COLOURS for w in words])),
+        "max_abs_logp_mismatch": gap,
+        "hash": _digest([[list(s.tokens), [float(x) for x in s.logprobs]] for s in seqs_all]),
+        "tok_hash": _digest([list(s.tokens) for s in seqs_all]),
+    }
+
+
+def study(out: Path, tag: str, steps: int, *, nocache: bool, serial: bool, stop_at: bool) -> None:
+    """``steps`` steps of the test's loop from ``out/warm``, each one's record printed and written to
+    ``out/TAG.jsonl``."""
+    import rl_loop
+    from tinker import types
+
+    from vlrl.data.tickets import eval_seeds, make_rows, train_seeds
+    from vlrl.render.embedded import EmbeddedRenderer
+
+    cfg, engine, running, client = _serve(out, nocache)
     renderer = EmbeddedRenderer.from_pretrained(out / "warm")
     tok, log = renderer.tokenizer, (out / f"{tag}.jsonl").open("w")
 
@@ -138,47 +213,13 @@ def study(out: Path, tag: str, steps: int, *, nocache: bool, serial: bool, stop_
         for step in range(steps):
             rows = [train[(step * 8 + i) % len(train)] for i in range(8)]
             episodes = [rl_loop._episode(row, renderer) for row in rows]
-            base = cfg.run.seed * 1_000_003 + step
-            params = [
-                [types.SamplingParams(max_tokens=4, temperature=1.0, seed=turn_seed(base, g, r, 0)) for r in range(8)]
-                for g in range(8)
-            ]
+            params = _params(cfg.run.seed * 1_000_003 + step)
             reused = engine.stats["reused_columns"]
-            sampled = _sample(sampler, episodes, params, serial)
-            groups, texts = [], []
-            for row, (mi, rendered), seqs in zip(rows, episodes, sampled, strict=True):
-                tx = [tok.decode(s.tokens, skip_special_tokens=True) for s in seqs]
-                texts += tx
-                rewards = np.array([rl_loop._reward(row, t) for t in tx])
-                groups.append((mi, rendered, seqs, rewards, rl_loop._grpo(rewards)))
-            seqs_all = [s for g in groups for s in g[2]]
-            lps = [x for s in seqs_all for x in s.logprobs]
-            data, sent = _datums(groups, sum(len(s.tokens) for s in seqs_all))
-            grad_norm, gap = 0.0, None
-            if data:
-                fb = tc.forward_backward(data, "importance_sampling").result()
-                gap = max(
-                    float(np.max(np.abs(np.asarray(r["logprobs"].tolist())[off : off + len(q)] - np.asarray(q))))
-                    for (off, q), r in zip(sent, fb.loss_fn_outputs, strict=True)
-                )
-                grad_norm = (tc.optim_step(adam).result().metrics or {}).get("grad_norm", 0.0)
+            groups, texts = _score(rows, episodes, _sample(sampler, episodes, params, serial), tok)
+            data, grad_norm, gap = _update(tc, adam, groups)
             sampler = sampler_at(step + 1)
-            words = [t.strip().lower().replace("<answer>", "").replace("</answer>", "") for t in texts]
-            entry = {
-                "step": step + 1,
-                "reward": float(np.mean([g[3].mean() for g in groups])),
-                "data": len(data),
-                "grad_norm": grad_norm,
-                "mean_lp": float(np.mean(lps)),
-                "first_tok_H_est": -float(np.mean([s.logprobs[0] for s in seqs_all])),
-                "min_lp": float(np.min(lps)),
-                "colour_word": float(np.mean([w in COLOURS for w in words])),
-                "max_abs_logp_mismatch": gap,
-                "hash": _digest([[list(s.tokens), [float(x) for x in s.logprobs]] for s in seqs_all]),
-                "tok_hash": _digest([list(s.tokens) for s in seqs_all]),
-                "reused_cols": engine.stats["reused_columns"] - reused,
-                "t": round(time.time() - t0, 1),
-            }
+            entry = _record(step + 1, groups, texts, data, grad_norm, gap)
+            entry.update(reused_cols=engine.stats["reused_columns"] - reused, t=round(time.time() - t0, 1))
             if (step + 1) % 10 == 0 or step + 1 == steps:
                 entry["eval"] = rl_loop.evaluate(sampler, evals, renderer, 4)
             emit(entry)

@@ -113,7 +113,8 @@ def engine_options(options: list[str]) -> dict[str, str]:
     }
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (the JSON's path, the workload, the parts and their modes, the caller's clock)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out")
     parser.add_argument("--sizes", default="64,256")
@@ -132,7 +133,57 @@ def main() -> int:
         help="seconds for the whole command: each offline/inprocess child is cut (keeping what it measured) before "
         "then, instead of the caller's clock killing this process with the child's numbers unread",
     )
-    args = parser.parse_args()
+    return parser
+
+
+def _inprocess(result: dict, model_dir, sizes, args: argparse.Namespace, child_clock, save) -> None:
+    """vlrl's in-process vLLM engine (``vlrl.vllm.inprocess``), one child per ``--inprocess-modes`` mode, into
+    ``result`` (with its ``over_offline``), saved after each."""
+    for mode in args.inprocess_modes.split(","):
+        execution, *options = mode.split("+")
+        result[f"inprocess_{mode}"] = offline_section(
+            model_dir,
+            sizes,
+            args.max_tokens,
+            args.repeats,
+            args.dtype,
+            path="vlrl",
+            execution=execution,
+            **engine_options(options),
+            **child_clock(),
+        )
+        over_offline(result)
+        save()
+
+
+def _server_modes(result: dict, model_dir, sizes, args: argparse.Namespace, save) -> None:
+    """:func:`server_mode` per ``--modes`` mode into ``result``, saved after each; a mode's error is recorded."""
+    for mode in args.modes.split(","):
+        try:
+            result[f"server_{mode}"] = server_mode(model_dir, mode, sizes, args.max_tokens, args.repeats, args.dtype)
+        except Exception as exc:  # noqa: BLE001 — recorded, the next mode still runs
+            result[f"server_{mode}"] = {"error": f"{type(exc).__name__}: {str(exc)[-1500:]}"}
+        save()
+
+
+def _run_part(part: str, result: dict, model_dir, sizes, args: argparse.Namespace, child_clock, save) -> None:
+    """One of ``--parts`` into ``result`` (``child_clock()``: an offline/inprocess child's timeout argument;
+    ``save()``: writes the JSON)."""
+    if part in ("offline", "offline_logprobs"):  # the second asks each token's logprob, as vlrl's path does
+        path = "raw_logprobs" if part == "offline_logprobs" else "raw"
+        result[part] = offline_section(
+            model_dir, sizes, args.max_tokens, args.repeats, args.dtype, path=path, **child_clock()
+        )
+    elif part == "inprocess":  # vlrl's in-process vLLM engine, one child per mode (vlrl.vllm.inprocess)
+        _inprocess(result, model_dir, sizes, args, child_clock, save)
+    elif part == "embedded":
+        result["embedded"] = embedded(model_dir, sizes, args.max_tokens, args.repeats, args.dtype)
+    elif part == "modes":
+        _server_modes(result, model_dir, sizes, args, save)
+
+
+def main() -> int:
+    args = parser().parse_args()
     t_start = time.perf_counter()
 
     def child_clock() -> dict:
@@ -161,38 +212,7 @@ def main() -> int:
     for part in args.parts.split(","):
         t0 = time.perf_counter()
         try:
-            if part in ("offline", "offline_logprobs"):  # the second asks each token's logprob, as vlrl's path does
-                path = "raw_logprobs" if part == "offline_logprobs" else "raw"
-                result[part] = offline_section(
-                    model_dir, sizes, args.max_tokens, args.repeats, args.dtype, path=path, **child_clock()
-                )
-            elif part == "inprocess":  # vlrl's in-process vLLM engine, one child per mode (vlrl.vllm.inprocess)
-                for mode in args.inprocess_modes.split(","):
-                    execution, *options = mode.split("+")
-                    result[f"inprocess_{mode}"] = offline_section(
-                        model_dir,
-                        sizes,
-                        args.max_tokens,
-                        args.repeats,
-                        args.dtype,
-                        path="vlrl",
-                        execution=execution,
-                        **engine_options(options),
-                        **child_clock(),
-                    )
-                    over_offline(result)
-                    save()
-            elif part == "embedded":
-                result["embedded"] = embedded(model_dir, sizes, args.max_tokens, args.repeats, args.dtype)
-            elif part == "modes":
-                for mode in args.modes.split(","):
-                    try:
-                        result[f"server_{mode}"] = server_mode(
-                            model_dir, mode, sizes, args.max_tokens, args.repeats, args.dtype
-                        )
-                    except Exception as exc:  # noqa: BLE001 — recorded, the next mode still runs
-                        result[f"server_{mode}"] = {"error": f"{type(exc).__name__}: {str(exc)[-1500:]}"}
-                    save()
+            _run_part(part, result, model_dir, sizes, args, child_clock, save)
         except Exception as exc:  # noqa: BLE001 — recorded, the other parts still run
             result[f"{part}_error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:1500]}"
         result[f"{part}_wall_seconds"] = round(time.perf_counter() - t0, 1)

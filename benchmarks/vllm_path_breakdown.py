@@ -195,7 +195,8 @@ def take(batches, count: int) -> list:
     return [next(batches) for _ in range(count)]
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line (the JSON's path, the batch sizes, the server's settings and which rows to time)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("sizes", type=int, nargs="*", default=[64, 256])
@@ -212,20 +213,12 @@ def main() -> None:
     ap.add_argument(
         "--wide-render", action="store_true", help="with --paired: also vlrl with render workers at torch's threads"
     )
-    args = ap.parse_intermixed_args()
-    slots = [int(k) for k in args.slots.split(",") if k]
-    from vlrl.vllm.stack import vllm_stack
+    return ap
 
-    t0 = time.perf_counter()
-    model_dir = cached_model_dir("qwen2_5_vl", args.size)
-    stack = vllm_stack(
-        model_dir,
-        extra_args=SERVER_ARGS,
-        dtype=args.dtype,
-        api_servers=args.api_servers,
-        extra_env=tuple(tuple(kv.split("=", 1)) for kv in args.server_env),
-    )
-    result: dict = {
+
+def _header(args: argparse.Namespace, stack, t0: float) -> dict:
+    """The JSON's settings, environment and server (``startup_seconds``: since ``t0``), ``by_size`` still empty."""
+    return {
         "size": args.size,
         "api_servers": args.api_servers,
         "server_env": args.server_env,
@@ -241,57 +234,84 @@ def main() -> None:
         "render_agreement": dataclasses.asdict(stack.render_agreement) if stack.render_agreement else None,
         "by_size": {},
     }
-    client, config = stack.engine.client, stack.engine.client.config
-    wide = None
-    if args.wide_render:  # the renderer as before 2026-11-26: each worker's torch ops on all cores
-        from vlrl.render.embedded import EmbeddedRenderer
-        from vlrl.vllm.stack import RENDER_WORKERS
 
-        workers = min(RENDER_WORKERS, os.cpu_count() or 1)
-        wide = EmbeddedRenderer.from_pretrained(model_dir, workers=workers, intra_op_threads=None)
+
+def _wide_renderer(model_dir):
+    """``--wide-render``'s renderer, as before 2026-11-26: each worker's torch ops on all cores."""
+    from vlrl.render.embedded import EmbeddedRenderer
+    from vlrl.vllm.stack import RENDER_WORKERS
+
+    workers = min(RENDER_WORKERS, os.cpu_count() or 1)
+    return EmbeddedRenderer.from_pretrained(model_dir, workers=workers, intra_op_threads=None)
+
+
+def _piece_rows(stack, fresh, n: int, per: int, args: argparse.Namespace) -> dict:
+    """vlrl's path in pieces, each timed alone: the local render, the generate of prerendered prompts, the render
+    route (whole and its round trips alone) and the generate variants of route-rendered prompts."""
+    row = {
+        "local_render": time_local_render(stack, take(fresh, per)),
+        "generate_prerendered": time_generate_prompts(stack, take(fresh, per), args.max_tokens),
+        "render": time_render(stack, take(fresh, per)),
+        "render_http": time_render_http(stack, take(fresh, per)),
+    }
+    prompts = [stack.server_renderer.render(m) for m in workload_messages(n)]
+    for name, edit in variants(stack.engine).items():
+        row[name] = time_generate(stack, prompts, edit, args.max_tokens, args.repeats)
+    return row
+
+
+def _size_row(stack, n: int, args: argparse.Namespace, slots: list[int], wide) -> dict:
+    """Size ``n``'s row: the paired timings (``--paired``), raw and the generate variants (``--variants-only``), or
+    raw, the pieces (unless ``--paths-only``), vlrl, vlrl_route and vlrl_route at each of ``slots``."""
+    per = 1 + args.repeats
+    # fresh batches per path: raw, vlrl, vlrl_route (+ local_render, generate_prerendered, render,
+    # render_http), or raw and the five fresh generate variants
+    pair = 3 if args.wide_render else 2
+    paths = 6 if args.variants_only else pair if args.paired else 3 if args.paths_only else 7
+    fresh = iter(fresh_batches(n, (paths + len(slots)) * per))
+    if args.paired:
+        return {"paired": time_paired(stack, fresh, args.repeats, args.max_tokens, wide)}
+    row: dict = {"raw": time_raw(stack, take(fresh, per), args.max_tokens)}
+    if args.variants_only:
+        row.update(time_prerendered_variants(stack, fresh, per, args.max_tokens))
+        return row
+    if not args.paths_only:
+        row.update(_piece_rows(stack, fresh, n, per, args))
+    row["vlrl"] = time_vlrl(stack, take(fresh, per), args.max_tokens)
+    row["vlrl_over_raw"] = round(row["vlrl"]["tok_per_s"] / row["raw"]["tok_per_s"], 3)
+    row["vlrl_route"] = time_vlrl(stack, take(fresh, per), args.max_tokens, stack.server_renderer)
+    row["vlrl_route_over_raw"] = round(row["vlrl_route"]["tok_per_s"] / row["raw"]["tok_per_s"], 3)
+    client, config = stack.engine.client, stack.engine.client.config
+    for k in slots:
+        client.config = dataclasses.replace(config, renders_in_flight=k or None)
+        timing = time_vlrl(stack, take(fresh, per), args.max_tokens, stack.server_renderer)
+        over = round(timing["tok_per_s"] / row["raw"]["tok_per_s"], 3)
+        row[f"vlrl_route_slots{k}"] = {**timing, "over_raw": over}
+    client.config = config
+    return row
+
+
+def main() -> None:
+    args = parser().parse_intermixed_args()
+    slots = [int(k) for k in args.slots.split(",") if k]
+    from vlrl.vllm.stack import vllm_stack
+
+    t0 = time.perf_counter()
+    model_dir = cached_model_dir("qwen2_5_vl", args.size)
+    stack = vllm_stack(
+        model_dir,
+        extra_args=SERVER_ARGS,
+        dtype=args.dtype,
+        api_servers=args.api_servers,
+        extra_env=tuple(tuple(kv.split("=", 1)) for kv in args.server_env),
+    )
+    result = _header(args, stack, t0)
+    wide = _wide_renderer(model_dir) if args.wide_render else None
     try:
         stack.renderer.render(workload_messages(1)[0])
         stack.server_renderer.render(workload_messages(1)[0])  # the server's processor loaded: not timed
         for n in args.sizes:
-            per = 1 + args.repeats
-            # fresh batches per path: raw, vlrl, vlrl_route (+ local_render, generate_prerendered, render,
-            # render_http), or raw and the five fresh generate variants
-            pair = 3 if args.wide_render else 2
-            paths = 6 if args.variants_only else pair if args.paired else 3 if args.paths_only else 7
-            fresh = iter(fresh_batches(n, (paths + len(slots)) * per))
-            if args.paired:
-                row = {"paired": time_paired(stack, fresh, args.repeats, args.max_tokens, wide)}
-                result["by_size"][str(n)] = row
-                print(n, json.dumps(row), flush=True)
-                with open(args.out, "w") as f:
-                    json.dump(result, f, indent=1)
-                continue
-            row: dict = {"raw": time_raw(stack, take(fresh, per), args.max_tokens)}
-            if args.variants_only:
-                row.update(time_prerendered_variants(stack, fresh, per, args.max_tokens))
-                result["by_size"][str(n)] = row
-                print(n, json.dumps(row), flush=True)
-                with open(args.out, "w") as f:
-                    json.dump(result, f, indent=1)
-                continue
-            if not args.paths_only:
-                row["local_render"] = time_local_render(stack, take(fresh, per))
-                row["generate_prerendered"] = time_generate_prompts(stack, take(fresh, per), args.max_tokens)
-                row["render"] = time_render(stack, take(fresh, per))
-                row["render_http"] = time_render_http(stack, take(fresh, per))
-                prompts = [stack.server_renderer.render(m) for m in workload_messages(n)]
-                for name, edit in variants(stack.engine).items():
-                    row[name] = time_generate(stack, prompts, edit, args.max_tokens, args.repeats)
-            row["vlrl"] = time_vlrl(stack, take(fresh, per), args.max_tokens)
-            row["vlrl_over_raw"] = round(row["vlrl"]["tok_per_s"] / row["raw"]["tok_per_s"], 3)
-            row["vlrl_route"] = time_vlrl(stack, take(fresh, per), args.max_tokens, stack.server_renderer)
-            row["vlrl_route_over_raw"] = round(row["vlrl_route"]["tok_per_s"] / row["raw"]["tok_per_s"], 3)
-            for k in slots:
-                client.config = dataclasses.replace(config, renders_in_flight=k or None)
-                timing = time_vlrl(stack, take(fresh, per), args.max_tokens, stack.server_renderer)
-                over = round(timing["tok_per_s"] / row["raw"]["tok_per_s"], 3)
-                row[f"vlrl_route_slots{k}"] = {**timing, "over_raw": over}
-            client.config = config
+            row = _size_row(stack, n, args, slots, wide)
             result["by_size"][str(n)] = row
             print(n, json.dumps(row), flush=True)
             with open(args.out, "w") as f:  # after each size: a run stopped by its clock keeps what it measured

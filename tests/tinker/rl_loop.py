@@ -83,6 +83,53 @@ def evaluate(sampler, rows, renderer, max_tokens: int) -> float:
     return float(np.mean([_reward(row, t) for row, t in zip(rows, texts)]))
 
 
+def _sample_groups(sampler, rows, renderer, cfg: LoopConfig, step: int) -> list[tuple]:
+    """``cfg.repeats`` completions of each row's prompt, scored in its env: per row ``(model input, rendered prompt,
+    sequences, rewards, GRPO advantages)``."""
+    episodes = [_episode(row, renderer) for row in rows]
+    # one request per completion, seeded as vlrl's rollout seeds it (run seed, step, row, repeat), so this loop
+    # draws the completions ``vlrl train`` draws from the same weights
+    base = cfg.seed * 1_000_003 + step
+    params = [
+        [
+            types.SamplingParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=turn_seed(base, g, r, 0))
+            for r in range(cfg.repeats)
+        ]
+        for g in range(len(rows))
+    ]
+    futures = [[sampler.sample(mi, 1, p) for p in params[g]] for g, (mi, _) in enumerate(episodes)]
+    groups = []
+    for row, (mi, rendered), futs in zip(rows, episodes, futures):
+        seqs = [f.result().sequences[0] for f in futs]
+        rewards = np.array([_reward(row, renderer.tokenizer.decode(s.tokens, skip_special_tokens=True)) for s in seqs])
+        groups.append((mi, rendered, seqs, rewards, _grpo(rewards)))
+    return groups
+
+
+def _datums(groups: list[tuple]) -> list:
+    """The ``importance_sampling`` datums of the step's groups: each completion's tokens after its prompt, the
+    sampler's logprobs and the advantage divided by the step's generated tokens (vlrl's ``token_mean``) on them."""
+    n_tokens = sum(len(s.tokens) for g in groups for s in g[2])
+    data = []
+    for mi, rendered, seqs, _rewards, adv in groups:
+        if not np.any(adv):
+            continue  # a group whose completions all scored the same teaches nothing
+        p = len(rendered.token_ids)
+        for s, a in zip(seqs, adv):
+            toks = list(s.tokens)
+            data.append(
+                types.Datum(
+                    model_input=append_tokens(mi, toks[:-1]),
+                    loss_fn_inputs={
+                        "target_tokens": list(rendered.token_ids[1:]) + toks,
+                        "logprobs": [0.0] * (p - 1) + list(s.logprobs),
+                        "advantages": [0.0] * (p - 1) + [float(a) / n_tokens] * len(toks),
+                    },
+                )
+            )
+    return data
+
+
 def rl_loop(service_client, renderer, cfg: LoopConfig, log: Callable[[dict], None] = lambda m: None) -> list[dict]:
     """Train a full fine-tuning client (``rank=0``) on ``cfg.env``; returns the eval history."""
     tc = service_client.create_lora_training_client(base_model=cfg.model_name, rank=0).result()
@@ -101,45 +148,8 @@ def rl_loop(service_client, renderer, cfg: LoopConfig, log: Callable[[dict], Non
     log(history[-1])
     for step in range(cfg.steps):
         rows = [train[(step * cfg.rows_per_step + i) % len(train)] for i in range(cfg.rows_per_step)]
-        episodes = [_episode(row, renderer) for row in rows]
-        # one request per completion, seeded as vlrl's rollout seeds it (run seed, step, row, repeat), so this loop
-        # draws the completions ``vlrl train`` draws from the same weights
-        base = cfg.seed * 1_000_003 + step
-        params = [
-            [
-                types.SamplingParams(
-                    max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=turn_seed(base, g, r, 0)
-                )
-                for r in range(cfg.repeats)
-            ]
-            for g in range(len(rows))
-        ]
-        futures = [[sampler.sample(mi, 1, p) for p in params[g]] for g, (mi, _) in enumerate(episodes)]
-        groups = []
-        for row, (mi, rendered), futs in zip(rows, episodes, futures):
-            seqs = [f.result().sequences[0] for f in futs]
-            rewards = np.array(
-                [_reward(row, renderer.tokenizer.decode(s.tokens, skip_special_tokens=True)) for s in seqs]
-            )
-            groups.append((mi, rendered, seqs, rewards, _grpo(rewards)))
-        n_tokens = sum(len(s.tokens) for g in groups for s in g[2])
-        data = []
-        for mi, rendered, seqs, _rewards, adv in groups:
-            if not np.any(adv):
-                continue  # a group whose completions all scored the same teaches nothing
-            p = len(rendered.token_ids)
-            for s, a in zip(seqs, adv):
-                toks = list(s.tokens)
-                data.append(
-                    types.Datum(
-                        model_input=append_tokens(mi, toks[:-1]),
-                        loss_fn_inputs={
-                            "target_tokens": list(rendered.token_ids[1:]) + toks,
-                            "logprobs": [0.0] * (p - 1) + list(s.logprobs),
-                            "advantages": [0.0] * (p - 1) + [float(a) / n_tokens] * len(toks),
-                        },
-                    )
-                )
+        groups = _sample_groups(sampler, rows, renderer, cfg, step)
+        data = _datums(groups)
         grad_norm = 0.0
         if data:
             tc.forward_backward(data, "importance_sampling").result()

@@ -43,19 +43,9 @@ def _vlrl_batch(prompts, samples, rewards):
     return batch.replace(loss_mask=mask, rollout_logprobs=old, rewards=rew, groups=groups)
 
 
-def test_an_api_rl_step_equals_vlrl_trainers_step(service_client, renderer, tinker_server):
-    from vlrl.models.load import load_model
-
-    tc = service_client.create_lora_training_client(base_model=MODEL_NAME, rank=0).result()
-    sampler = tc.save_weights_and_get_sampling_client().result()
-    episodes = [conversation_input(image_conversation(20 + i), renderer) for i in range(2)]
-    samples = [
-        sampler.sample(mi, REPEATS, types.SamplingParams(max_tokens=5, seed=7 * i)).result().sequences
-        for i, (mi, _) in enumerate(episodes)
-    ]
-    rewards = [np.array([float(s.tokens[0] % 3 == 0) + 0.5 * j for j, s in enumerate(seqs)]) for seqs in samples]
-
-    # the API side, as tests/tinker/rl_loop.py writes it
+def _api_data(episodes, samples, rewards) -> list:
+    """The API side's datums, as tests/tinker/rl_loop.py writes them: each completion's tokens after its prompt, the
+    sampler's logprobs and the GRPO advantage divided by the step's generated tokens on them."""
     n_tokens = sum(len(s.tokens) for seqs in samples for s in seqs)
     data = []
     for (mi, rendered), seqs, r in zip(episodes, samples, rewards):
@@ -73,7 +63,39 @@ def test_an_api_rl_step_equals_vlrl_trainers_step(service_client, renderer, tink
                     },
                 )
             )
-    tc.forward_backward(data, "importance_sampling").result()
+    return data
+
+
+def _recorded_grads(model) -> dict[str, torch.Tensor]:
+    """Hooks on ``model``'s parameters that sum, by name, the gradients its later backward passes compute: the
+    trainer's gradients as its optimizer step reads them, kept after the step."""
+    grads: dict[str, torch.Tensor] = {}
+
+    def keep(name):
+        def hook(grad):  # summed over micro-batches, as the .grad the optimizer then reads
+            grads[name] = grads.get(name, 0) + grad.detach().clone()
+
+        return hook
+
+    for name, p in model.named_parameters():
+        p.register_hook(keep(name))
+    return grads
+
+
+def test_an_api_rl_step_equals_vlrl_trainers_step(service_client, renderer, tinker_server):
+    from vlrl.models.load import load_model
+
+    tc = service_client.create_lora_training_client(base_model=MODEL_NAME, rank=0).result()
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    episodes = [conversation_input(image_conversation(20 + i), renderer) for i in range(2)]
+    samples = [
+        sampler.sample(mi, REPEATS, types.SamplingParams(max_tokens=5, seed=7 * i)).result().sequences
+        for i, (mi, _) in enumerate(episodes)
+    ]
+    rewards = [np.array([float(s.tokens[0] % 3 == 0) + 0.5 * j for j, s in enumerate(seqs)]) for seqs in samples]
+
+    # the API side, as tests/tinker/rl_loop.py writes it
+    tc.forward_backward(_api_data(episodes, samples, rewards), "importance_sampling").result()
     served = tinker_server.service.models[tc.model_id].model
     api_grads = {n: p.grad.clone() for n, p in served.named_parameters() if p.grad is not None}
     adam = types.AdamParams(learning_rate=LR, beta1=0.9, beta2=0.999, eps=1e-8, grad_clip_norm=1.0)
@@ -84,16 +106,7 @@ def test_an_api_rl_step_equals_vlrl_trainers_step(service_client, renderer, tink
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     optim = OptimSection(lr=LR, grad_clip=1.0, micro_batch_size=32, lr_scale=tinker_server.service.cfg.lr_scale)
     trainer = Trainer(model, AlgoConfig(advantage="grpo", policy_loss="ppo_clip", loss_agg="token_mean"), optim)
-    vlrl_grads: dict[str, torch.Tensor] = {}
-
-    def keep(name):
-        def hook(grad):  # summed over micro-batches, as the .grad the optimizer then reads
-            vlrl_grads[name] = vlrl_grads.get(name, 0) + grad.detach().clone()
-
-        return hook
-
-    for name, p in model.named_parameters():
-        p.register_hook(keep(name))
+    vlrl_grads = _recorded_grads(model)
     batch = _vlrl_batch([r for _, r in episodes], samples, rewards)
     inputs, _ = trainer.prepare(batch, trainer.logprobs(batch))
     ours = trainer.rl_step(batch, inputs)
