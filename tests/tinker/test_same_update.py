@@ -8,11 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from rl_loop import _datums, _grpo
 from tinker import types
 from tinker_helpers import MODEL_NAME, image_conversation
 
 from vlrl.algos import AlgoConfig
-from vlrl.tinker.client import append_tokens, conversation_input
+from vlrl.tinker.client import conversation_input
 from vlrl.tinker.training import prompt_batch
 from vlrl.train.config import OptimSection
 from vlrl.train.trainer import Trainer
@@ -43,29 +44,6 @@ def _vlrl_batch(prompts, samples, rewards):
     return batch.replace(loss_mask=mask, rollout_logprobs=old, rewards=rew, groups=groups)
 
 
-def _api_data(episodes, samples, rewards) -> list:
-    """The API side's datums, as tests/tinker/rl_loop.py writes them: each completion's tokens after its prompt, the
-    sampler's logprobs and the GRPO advantage divided by the step's generated tokens on them."""
-    n_tokens = sum(len(s.tokens) for seqs in samples for s in seqs)
-    data = []
-    for (mi, rendered), seqs, r in zip(episodes, samples, rewards):
-        adv = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
-        p = len(rendered.token_ids)
-        for s, a in zip(seqs, adv):
-            toks = list(s.tokens)
-            data.append(
-                types.Datum(
-                    model_input=append_tokens(mi, toks[:-1]),
-                    loss_fn_inputs={
-                        "target_tokens": list(rendered.token_ids[1:]) + toks,
-                        "logprobs": [0.0] * (p - 1) + list(s.logprobs),
-                        "advantages": [0.0] * (p - 1) + [float(a) / n_tokens] * len(toks),
-                    },
-                )
-            )
-    return data
-
-
 def _recorded_grads(model) -> dict[str, torch.Tensor]:
     """Hooks on ``model``'s parameters that sum, by name, the gradients its later backward passes compute: the
     trainer's gradients as its optimizer step reads them, kept after the step."""
@@ -94,8 +72,9 @@ def test_an_api_rl_step_equals_vlrl_trainers_step(service_client, renderer, tink
     ]
     rewards = [np.array([float(s.tokens[0] % 3 == 0) + 0.5 * j for j, s in enumerate(seqs)]) for seqs in samples]
 
-    # the API side, as tests/tinker/rl_loop.py writes it
-    tc.forward_backward(_api_data(episodes, samples, rewards), "importance_sampling").result()
+    # the API side: the datums tests/tinker/rl_loop.py's loop builds
+    groups = [(mi, rendered, seqs, r, _grpo(r)) for (mi, rendered), seqs, r in zip(episodes, samples, rewards)]
+    tc.forward_backward(_datums(groups), "importance_sampling").result()
     served = tinker_server.service.models[tc.model_id].model
     api_grads = {n: p.grad.clone() for n, p in served.named_parameters() if p.grad is not None}
     adam = types.AdamParams(learning_rate=LR, beta1=0.9, beta2=0.999, eps=1e-8, grad_clip_norm=1.0)
