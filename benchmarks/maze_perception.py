@@ -37,8 +37,9 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -209,7 +210,8 @@ def _readout_at(n_keys: int, target: str, say: bool) -> list[int]:
     return list(range(-n_keys, 0)) if not say else [-n_tail - 1, -n_tail, *range(-(n_keys - 2), 0)]
 
 
-class _Readout(NamedTuple):  # not a dataclass: that needs the module in sys.modules (tests/envs/bench_script.py)
+@dataclass(frozen=True)
+class _Readout:
     """The probe's heads: the hidden states (after the final norm) at positions ``at``, one per key, through the
     tied lm_head rows of the ``digits`` tokens, key ``k`` over the first ``ncls[k]`` of them."""
 

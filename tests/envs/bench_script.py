@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -10,10 +11,13 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def load(relpath: str, name: str | None = None) -> ModuleType:
-    """``benchmarks/<relpath>`` as a module (``name``: the module's name, the file's stem by default)."""
+    """``benchmarks/<relpath>`` as a module (``name``: the module's name, the file's stem by default), registered in
+    ``sys.modules`` as an import would be: a script's dataclasses look their module up there."""
     path = BENCHMARKS / relpath
-    spec = importlib.util.spec_from_file_location(name or path.stem, path)
+    name = name or path.stem
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
