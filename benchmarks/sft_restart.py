@@ -26,7 +26,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from vlrl.envs.maze_curriculum import LevelPlan, first_turn_row, level_config
+from vlrl.envs.maze_curriculum import LevelPlan, level_config
+from vlrl.envs.maze_sft_data import first_turn_row
 
 
 def warm_factor(step: int, warmup: int) -> float:

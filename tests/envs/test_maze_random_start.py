@@ -55,8 +55,7 @@ def test_first_turn_rows_from_random_starts_train_the_first_move_from_there(tiny
     from test_maze_recovery_expert import _Rollouts
 
     from vlrl.data.tickets import make_rows
-    from vlrl.envs.maze_curriculum import first_turn_row
-    from vlrl.envs.maze_sft_data import expert_episodes
+    from vlrl.envs.maze_sft_data import expert_episodes, first_turn_row
 
     rows = [first_turn_row(r, "random") for r in make_rows("maze2d/7x7", list(range(16)), {"expert_noise": 0.2})]
     assert all(r.extras["start"] == "random" and r.extras["max_turns"] == 1 for r in rows)
@@ -74,7 +73,7 @@ def test_first_turn_rows_from_random_starts_train_the_first_move_from_there(tiny
 
 def test_first_turn_row_from_the_corners_adds_no_start():
     from vlrl.data.tickets import make_rows
-    from vlrl.envs.maze_curriculum import first_turn_row
+    from vlrl.envs.maze_sft_data import first_turn_row
 
     row = make_rows("maze2d/7x7", [0], {})[0]
     assert first_turn_row(row).extras == {"max_turns": 1}

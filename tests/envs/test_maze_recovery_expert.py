@@ -98,8 +98,7 @@ def test_first_turn_rows_train_on_the_bfs_first_move_alone(tiny):
     """The curriculum's first-turn SFT (``first_turn_row``): noisy rows cut to one turn give one-turn episodes
     whose reply is the shortest path's first move (no room for a detour in a one-turn budget)."""
     from vlrl.data.tickets import make_rows
-    from vlrl.envs.maze_curriculum import first_turn_row
-    from vlrl.envs.maze_sft_data import expert_episodes
+    from vlrl.envs.maze_sft_data import expert_episodes, first_turn_row
 
     rows = [first_turn_row(r) for r in make_rows("maze2d/5x5", list(range(12)), {"expert_noise": 0.9})]
     trajs = expert_episodes(_Rollouts(tiny("qwen2_5_vl")), rows, 0, masked=False)

@@ -214,11 +214,11 @@ def sft_phase(run, deadline: float, plan: LevelPlan) -> tuple[int, int]:
 
     The batches come from a pool of ``plan.sft_pool`` kept batches (:class:`vlrl.envs.maze_sft_pool.SftPool`, filled
     as ``plan.sft_fill`` says). A step starts only while the last step's time still fits. For the first
-    ``plan.first_turns`` seconds the rows are cut to their first turn (:func:`first_turn_row`; a pool of their own),
-    then whole episodes. The learning rate (``sft.lr`` times the group's factor in ``plan.sft_lr_scale``) decays
-    linearly with the clock to 10 % at the deadline, after a linear ramp from 0 over ``plan.sft_warmup_steps`` steps.
-    ``plan.mask_detours``: the recovery expert's detour turns stay in the history but out of the loss
-    (:mod:`vlrl.envs.maze_sft_data`).
+    ``plan.first_turns`` seconds the rows are cut to their first turn
+    (:func:`vlrl.envs.maze_sft_data.first_turn_row`; a pool of their own), then whole episodes. The learning rate
+    (``sft.lr`` times the group's factor in ``plan.sft_lr_scale``) decays linearly with the clock to 10 % at the
+    deadline, after a linear ramp from 0 over ``plan.sft_warmup_steps`` steps. ``plan.mask_detours``: the recovery
+    expert's detour turns stay in the history but out of the loss (:mod:`vlrl.envs.maze_sft_data`).
     """
     from vlrl.envs.maze_sft_pool import SftPool
     from vlrl.train.trainer import Trainer
@@ -276,13 +276,6 @@ def probe_success(run, rows, step: int) -> float:
     return success
 
 
-def first_turn_row(row, start: Start = "corner"):
-    """``row`` (an ``EnvRow``) cut to its first turn (``max_turns`` 1): the expert plays the shortest path's first
-    move (a one-turn budget leaves no room for a detour and the way back), from the maze's ``start``."""
-    extras = {**row.extras, "max_turns": 1} | ({"start": start} if start != "corner" else {})
-    return dataclasses.replace(row, extras=extras)
-
-
 def rl_phase(run, plan: LevelPlan, deadline: float, evals: list[EvalResult], eval_seconds: float) -> int:
     """GRPO steps (``vlrl.train.loop.rl_step``: rollout, agreement check, update, verified sync) until
     ``deadline``, reserving one evaluation's time for the final one. Returns the steps taken."""
@@ -317,8 +310,8 @@ def start_weights(plan: LevelPlan, out: str | Path, model_path: str | Path | Non
 def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None = None) -> LevelResult:
     """Train one level within its budgets; writes the run dir (metrics, agreement, samples, summary,
     report) and ``<out>/weights`` (after SFT, and again after RL); returns what it reached."""
+    from vlrl.durable import write_atomic
     from vlrl.report.training import write_report
-    from vlrl.train.checkpoint import write_atomic
     from vlrl.train.run import Run
 
     t0 = time.time()

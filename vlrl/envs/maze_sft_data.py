@@ -30,9 +30,12 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vlrl.rollout.scripted import refuse_cut
+
+if TYPE_CHECKING:
+    from vlrl.envs.maze2d import Start
 
 
 class DetourRecorder:
@@ -56,6 +59,13 @@ class DetourRecorder:
         for text, detour in expert_turns(env, row):
             flags.append(detour)
             yield text
+
+
+def first_turn_row(row: Any, start: Start = "corner") -> Any:
+    """``row`` (an ``EnvRow``) cut to its first turn (``max_turns`` 1): the expert plays the shortest path's first
+    move (a one-turn budget leaves no room for a detour and the way back), from the maze's ``start``."""
+    extras = {**row.extras, "max_turns": 1} | ({"start": start} if start != "corner" else {})
+    return dataclasses.replace(row, extras=extras)
 
 
 def takeover_turns(seed: Any, turns: int) -> int:

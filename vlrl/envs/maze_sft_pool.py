@@ -66,7 +66,7 @@ class SftPool:
         takeover: tuple[int, int] = (0, 0),
         forks: tuple[float, int] = (0.0, 1),
     ):
-        from vlrl.envs.maze_curriculum import first_turn_row
+        from vlrl.envs.maze_sft_data import first_turn_row
         from vlrl.envs.maze_sft_farm import ExpertFarm, default_workers
 
         if fill != "first" and run.dist.sharded:

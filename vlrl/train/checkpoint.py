@@ -45,9 +45,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from vlrl.durable import TMP_PREFIX, fsync_path, write_synced
 from vlrl.train.fsdp import is_sharded, reshard
 
-TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".old-"
 DCP_DIR = "dcp"
 
@@ -104,7 +104,7 @@ def save_checkpoint(path: Path, model, optimizer, state: RunState) -> Path:
     _barrier()
     if main:
         _save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
-        _write(tmp / "state.json", json.dumps(asdict(state), indent=2).encode())
+        write_synced(tmp / "state.json", json.dumps(asdict(state), indent=2).encode())
         _replace(tmp, path)
     _barrier()
     return path
@@ -113,8 +113,8 @@ def save_checkpoint(path: Path, model, optimizer, state: RunState) -> Path:
 def _replace(tmp: Path, path: Path) -> None:
     for f in tmp.rglob("*"):
         if f.is_file():
-            _fsync_file(f)
-    _fsync(tmp)
+            fsync_path(f)
+    fsync_path(tmp)
     if path.exists():  # the same step saved again (e.g. the final save after a periodic one)
         trash = path.parent / f"{TRASH_PREFIX}{path.name}"
         os.replace(path, trash)
@@ -122,7 +122,7 @@ def _replace(tmp: Path, path: Path) -> None:
         shutil.rmtree(trash)
     else:
         os.replace(tmp, path)
-    _fsync(path.parent)
+    fsync_path(path.parent)
 
 
 def load_checkpoint(path: Path, model) -> tuple[RunState, RestoreOptimizer | None]:
@@ -232,21 +232,6 @@ def _save(obj: Any, path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def _write(path: Path, data: bytes) -> None:
-    with path.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _is_main() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
@@ -254,19 +239,3 @@ def _is_main() -> bool:
 def _barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
-
-
-def _fsync(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so a reader (or a kill) never sees half a file."""
-    path = Path(path)
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
-    _write(tmp, text.encode("utf-8"))
-    os.replace(tmp, path)

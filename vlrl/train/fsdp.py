@@ -37,14 +37,13 @@ import contextlib
 import itertools
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-if TYPE_CHECKING:  # vlrl.train.distributed imports the run log, which imports checkpoints, which import this
-    from vlrl.train.distributed import Dist
+from vlrl.train.distributed import Dist, device_mesh
 
 HEAD_ALIAS = "_vlrl_lm_head"
 """Name under which the LM head sits inside ``model.model`` while the root group is formed (then removed)."""
@@ -100,8 +99,6 @@ def shard_model(
     ``reduce_dtype``: what gradients are reduced and accumulated across micro-batches in; by default fp32 on two
     ranks or more and ``compute_dtype`` on one (:func:`default_reduce_dtype`).
     """
-    from vlrl.train.distributed import device_mesh  # at call time: see the import cycle above
-
     mesh = device_mesh(d)
     param_dtype = None if compute_dtype == torch.float32 else compute_dtype
     reduce_dtype = reduce_dtype or default_reduce_dtype(d, compute_dtype)

@@ -19,10 +19,10 @@ from typing import Any, Protocol
 
 import torch
 
+from vlrl.durable import write_atomic
 from vlrl.errors import VlrlError
 from vlrl.rollout.scripted import refuse_cut
 from vlrl.train import distributed as D
-from vlrl.train.checkpoint import write_atomic
 from vlrl.train.config import TrainConfig
 from vlrl.train.experts import expert_for
 from vlrl.train.master import round_masters_

@@ -16,7 +16,7 @@ import shutil
 import time
 from pathlib import Path
 
-from vlrl.train.checkpoint import write_atomic
+from vlrl.durable import write_atomic
 
 LOGS = ("metrics.jsonl", "agreement.jsonl", "image_sensitivity.jsonl", "weight_sync.jsonl")
 """Every append-only log of a run."""
