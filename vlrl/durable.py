@@ -1,7 +1,8 @@
 """Files that survive a kill: written aside, flushed to disk, then renamed into place (no torch here).
 
-Checkpoints (:mod:`vlrl.train.checkpoint`) and the run's JSON files (:mod:`vlrl.train.metrics`, the loop's
-summaries) share these, so a reader never sees half a file and a killed process leaves the old one or the new.
+Checkpoints (:mod:`vlrl.train.checkpoint`), a run's ``summary.json`` (:mod:`vlrl.train.metrics`) and its
+``config.toml`` (the training loop, the maze curriculum) share these, so a reader never sees half a file and a killed
+process leaves the old one or the new.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""vlrl.durable: a JSON file a run rewrites (summary, plans) is the old one or the new one, never half; and the run
-log's module, which writes through it, imports no torch (the crash-safe writes used to live in the checkpoint
-module, which pulled torch into the run log and made an import circle through FSDP)."""
+"""vlrl.durable: a file a run rewrites (``summary.json``, ``config.toml``) is the old one or the new one, never half;
+and the run log's module, which writes through it, imports no torch (the crash-safe writes used to live in the
+checkpoint module, which pulled torch into the run log and made an import circle through FSDP)."""
 
 from __future__ import annotations
 
