@@ -6,7 +6,8 @@
 # runs on between commands until the machine goes back (the device README), so the first call starts it and every
 # call brings back what it has left so far: the log, the small result files and, packed, the newest weights it wrote
 # (a level's end or a snapshot: pass --snapshot-seconds) that no earlier call brought back.
-# Usage (device tool, carry [".whl"]; calls back to back, since an idle machine goes back after 30 s):
+# Usage (device tool, carry [".whl"], which a watch call may leave out; calls back to back, since an idle machine goes
+# back after 30 s):
 #   LIMIT=s bash benchmarks/device/lease.sh start TAG [maze_curriculum.py args]   starts it, then watches
 #   LIMIT=s bash benchmarks/device/lease.sh watch TAG                             a later call: watches
 #   bash benchmarks/device/lease.sh stop TAG       ends it (its process group) and brings back what it left
