@@ -115,10 +115,13 @@ def golden_diff_extras(diff: str) -> list[dict[str, Any]]:
 
 
 def _summary_html(run) -> str:
+    from vlrl.report.training import eval_change
+
     s = run.summary or {}
     parts = [f"vlrl run <code>{html.escape(str(run.root))}</code>"]
-    if "eval_before" in s or "eval_after" in s:
-        parts.append(f"eval reward {s.get('eval_before', '?')} → <b>{s.get('eval_after', '?')}</b>")
+    change = eval_change(s)
+    if change:
+        parts.append(f"eval reward {change}")
     for key in ("steps", "seconds", "passed"):
         if key in s:
             parts.append(f"{key} {html.escape(str(s[key]))}")

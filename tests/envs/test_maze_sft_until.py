@@ -118,3 +118,5 @@ def test_a_level_continued_from_its_own_weights_directory_saves_over_it(tmp_path
     reloaded = AutoModelForImageTextToText.from_pretrained(again.weights).state_dict()
     assert all(torch.equal(reloaded[k], trained[k]) for k in trained)  # the continued SFT's weights, on disk
     assert any(not torch.equal(before[k], trained[k]) for k in trained)  # it started from the first and moved on
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["eval_before"] is None and summary["eval_after"] == 0.0  # no eval before SFT (evals[0] is after)

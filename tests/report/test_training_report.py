@@ -79,6 +79,21 @@ def test_failed_summary_shows_fail(tmp_path):
     assert "class='fail'>FAIL" in write_report(run).read_text()
 
 
+def test_an_sft_only_run_shows_its_one_eval_and_no_agreement_warning(tmp_path):
+    """A maze curriculum level with no RL steps (lease_h3's hard): its summary has no eval before training and no
+    agreement.jsonl; the report read "0.805 → 0.805" and warned that agreement.jsonl was missing."""
+    run = make_run(tmp_path / "run", steps=0)
+    (run / "agreement.jsonl").unlink()
+    (run / "summary.json").write_text(json.dumps({"eval_before": None, "eval_after": 0.805, "steps": 0}))
+    text = write_report(run).read_text()
+    assert "<b>0.805</b> (not evaluated before training)" in text and "→ <b>0.805" not in text
+    assert "SFT only: no RL step" in text and "no agreement.jsonl" not in text
+    # with RL steps but no agreement file, the warning stays
+    rl = make_run(tmp_path / "rl")
+    (rl / "agreement.jsonl").unlink()
+    assert "no agreement.jsonl" in write_report(rl).read_text()
+
+
 def test_strip_puts_each_frame_above_the_action_taken_on_it():
     cells = strip_cells(trajectory("t", n_turns=3, rewards=[0.0, 0.5, 1.0]))
     assert [c.label for c in cells] == ["turn 0", "turn 1", "turn 2", "final"]

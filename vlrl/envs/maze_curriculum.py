@@ -340,7 +340,7 @@ def train_level(plan: LevelPlan, out: str | Path, model_path: str | Path | None 
         )
         summary = {
             "name": cfg.name,
-            "eval_before": evals[0].success,
+            "eval_before": evals[0].success if plan.eval_before else None,  # evals[0] is after SFT otherwise
             "eval_after": evals[-1].success,
             "steps": rl_steps,
             "sft_steps": sft_steps,

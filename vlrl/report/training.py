@@ -95,8 +95,9 @@ def _header(run: RunFiles) -> str:
     if "passed" in s:
         badge = "<span class='pass'>PASS</span>" if s["passed"] else "<span class='fail'>FAIL</span>"
         rows.append(("result", badge))
-    if "eval_before" in s or "eval_after" in s:
-        rows.append(("eval reward", f"{_fmt(s.get('eval_before'))} → <b>{_fmt(s.get('eval_after'))}</b>"))
+    change = eval_change(s)
+    if change:
+        rows.append(("eval reward", change))
     steps = s.get("steps", _last(run, "step"))
     rows.append(("steps", _fmt(steps)))
     seconds = s.get("seconds", _last(run, "time"))
@@ -110,6 +111,18 @@ def _header(run: RunFiles) -> str:
         rows.append(("note", "<span class='warn'>nothing to report: no run files found</span>"))
     table = "".join(f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>" for k, v in rows)
     return f"<table class='kv'>{table}</table>{_latest(run)}"
+
+
+def eval_change(summary: dict[str, Any]) -> str:
+    """The summary's eval reward before → after training as HTML; a run not evaluated before it (a maze curriculum
+    level's ``eval_before`` is None unless its plan asks) shows its one number, not a made-up start. '' without
+    either."""
+    before, after = summary.get("eval_before"), summary.get("eval_after")
+    if before is None and after is None:
+        return ""
+    if before is None:
+        return f"<b>{_fmt(after)}</b> (not evaluated before training)"
+    return f"{_fmt(before)} → <b>{_fmt(after)}</b>"
 
 
 def _latest(run: RunFiles) -> str:
@@ -134,6 +147,8 @@ def _curves(run: RunFiles) -> str:
 
 def _drift(run: RunFiles) -> str:
     if not run.agreement:
+        if run.phase("sft") and not run.phase("rl"):  # agreement is checked at RL steps only
+            return "<h2>Logprob drift</h2><p>SFT only: no RL step, so no rollout-vs-trainer check to show</p>"
         return "<h2>Logprob drift</h2><p class='warn'>no agreement.jsonl</p>"
     last = run.agreement[-1]
     imgs = [
