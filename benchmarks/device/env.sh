@@ -9,14 +9,13 @@
 # Installed once per machine and set of wheels: a process left running from an earlier call (benchmarks/device/lease.sh)
 # imports from /tmp/site, and reinstalling under it would rewrite its files mid-import.
 # A later call on a warm machine that did not carry .whl keeps what an earlier call installed (lease.sh's watch calls).
-wheels=$(ls .whl 2>/dev/null | md5sum)
 if ! ls .whl/*.whl >/dev/null 2>&1; then
   [ -f /tmp/site/.vlrl-wheels ] || { echo "no wheels here or installed: carry [\".whl\"] (see this file's head)"; exit 1; }
   echo "no .whl carried: the wheels an earlier call installed on this machine stay"
-elif [ "$(cat /tmp/site/.vlrl-wheels 2>/dev/null)" != "$wheels" ]; then
+elif [ "$(cat /tmp/site/.vlrl-wheels 2>/dev/null)" != "$(ls .whl | md5sum)" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     >/tmp/pip.log 2>&1 || { cat /tmp/pip.log; echo "wheel install failed"; exit 1; }
-  echo "$wheels" > /tmp/site/.vlrl-wheels
+  ls .whl | md5sum > /tmp/site/.vlrl-wheels
 fi
 export PYTHONPATH=$PWD:/tmp/site VLRL_CACHE=/tmp/vlrl-cache HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
