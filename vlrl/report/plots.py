@@ -44,6 +44,12 @@ def _png(fig) -> bytes:
 
 def reward_curve(run: RunFiles) -> bytes | None:
     """RL ``reward_mean`` and eval ``eval_reward_mean`` / ``eval_success`` against step."""
+    fig = reward_figure(run)
+    return _png(fig) if fig is not None else None
+
+
+def reward_figure(run: RunFiles):
+    """:func:`reward_curve`'s matplotlib figure, ``None`` without a reward."""
     lines = [
         ("train reward_mean", series(run.phase("rl"), "reward_mean"), "-"),
         ("eval reward_mean", series(run.phase("eval"), "eval_reward_mean"), "o-"),
@@ -64,6 +70,9 @@ def reward_curve(run: RunFiles) -> bytes | None:
             seen[at] = seen.get(at, -1) + 1  # stack labels sharing a point instead of overprinting
             ax.annotate(row["label"], at, fontsize=6, xytext=(3, 3 + 7 * seen[at]), textcoords="offset points")
     ax.margins(x=0.08)  # room for the labels of the last eval
+    steps = {x for _, (xs, _), _ in lines for x in xs}
+    if len(steps) == 1:  # one step (an SFT-only run's eval): a step on each side, not ±0.05 of one
+        ax.set_xlim(min(steps) - 1, min(steps) + 1)
     values = [y for _, (_, ys), _ in lines for y in ys]
     if all(0.0 <= y <= 1.0 for y in values):  # rates and 0/1 rewards: keep the full scale visible
         ax.set_ylim(-0.05, 1.1)
@@ -75,11 +84,19 @@ def reward_curve(run: RunFiles) -> bytes | None:
     ax.set_title("reward")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _png(fig)
+    return fig
 
 
 def loss_curve(run: RunFiles) -> bytes | None:
-    """SFT and RL loss, one panel per phase (their step counters are independent)."""
+    """SFT and RL loss, one panel per phase (their step counters are independent), each with its learning-rate
+    factor on a second axis where the schedule moved (:func:`lr_schedule`)."""
+    fig = loss_figure(run)
+    return _png(fig) if fig is not None else None
+
+
+def loss_figure(run: RunFiles):
+    """:func:`loss_curve`'s matplotlib figure (``None`` without a loss): one axis per phase, a twin axis for the
+    phase's schedule."""
     panels = [(phase, series(run.phase(phase), "loss")) for phase in ("sft", "rl")]
     panels = [(phase, xy) for phase, xy in panels if xy[0]]
     if not panels:
@@ -91,7 +108,22 @@ def loss_curve(run: RunFiles) -> bytes | None:
         _step_axis(ax)
         ax.set_title(f"{phase} loss")
         ax.grid(alpha=0.3)
-    return _png(fig)
+        lr = lr_schedule(run.phase(phase))
+        if lr:
+            # A loss that falls only as the rate decays reads differently from one that falls at a fixed rate.
+            twin = ax.twinx()
+            twin.plot(*lr, "--", color="gray", linewidth=1)
+            twin.set_ylim(0.0, 1.05 * max(lr[1]))
+            twin.set_ylabel("lr factor", fontsize=7, color="gray")
+            twin.tick_params(labelsize=7, colors="gray")
+    return fig
+
+
+def lr_schedule(rows: list[dict[str, Any]]) -> tuple[list[float], list[float]] | None:
+    """``(steps, lr_factor)`` of a phase's rows (the trainer's warm-up, the maze curriculum's SFT schedule), or
+    ``None`` when they carry none or it never moved."""
+    xs, ys = series(rows, "lr_factor")
+    return (xs, ys) if ys and min(ys) != max(ys) else None
 
 
 def drift_curve(run: RunFiles) -> bytes | None:
