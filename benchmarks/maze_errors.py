@@ -17,7 +17,9 @@ episodes made a mistake and recovered, how many were solved within ``--max-turns
 (``vlrl.envs.maze_text.VISGYM_TURNS``, which says how that differs from a run under that budget; the small levels:
 their own), the failed episodes' moves as letters (R U L D, S for stop), and at the choices on the way (two or
 more ways on) whether heading for the goal picks the right way, ties or turns from it, and how often each went
-wrong, how many moves each failed episode still had to go where it ended (``failed_left_to_goal``), and what the
+wrong, how many moves each failed episode still had to go where it ended (``failed_left_to_goal``), how many mazes
+have a path that with its ``stop`` fits the budget and how many of those were solved within it (``fit_budget``,
+``solved_of_fitting``: the rest cannot be solved in time), and what the
 agent took on coming back to a tile it had left by a wrong way (``returns``: :func:`returns`). Appends the run to
 ``--out``; on CPU ~1 s an easy episode for the small model (198 s for 200 of a 91 %
 policy, 50 at a time).
@@ -105,15 +107,17 @@ def returns(maze_map, start: tuple[int, int], moves: str, labels: list[str]) -> 
 
 
 def replay_facts(env, moves: str, labels: list[str]) -> dict:
-    """In ``env``'s maze (a fresh ``make_maze2d`` env, not yet started): the episode's :func:`returns`, and how many
-    moves the shortest path still had to go where it ended (``left``; 0 on the goal)."""
+    """In ``env``'s maze (a fresh ``make_maze2d`` env, not yet started): the episode's :func:`returns`, how many
+    moves the shortest path still had to go where it ended (``left``; 0 on the goal), and how many it has from the
+    start (``path``; with the ``stop`` after them, the fewest turns that solve the maze)."""
     from vlrl.envs.maze_solver import shortest_path_actions
 
     env.init()
     game = env.gym_env.unwrapped
     end = tiles(game.maze_map, game.agent, moves)[-1]
     left = len(shortest_path_actions(game.maze_map, end, game.target))
-    return {"returns": returns(game.maze_map, game.agent, moves, labels), "left": left}
+    path = len(shortest_path_actions(game.maze_map, game.agent, game.target))
+    return {"returns": returns(game.maze_map, game.agent, moves, labels), "left": left, "path": path}
 
 
 def with_budget(rows: list, max_turns: int | None) -> list:
@@ -165,6 +169,7 @@ def summarise(episodes: list[dict], budget: int) -> dict:
         "solved_turns": dict(sorted(collections.Counter(len(e["labels"]) for e in episodes if e["solved"]).items())),
         "budget": budget,
         "solved_within_budget": sum(e["solved"] and len(e["labels"]) <= budget for e in episodes),
+        **fitting(episodes, budget),
         "failed_moves": [e["moves"] for e in failed],
         # "length": the model's context ended it (its last reply cut short, so "unparsed": a "?" in the moves)
         "stop_reasons": dict(collections.Counter(e.get("stop", "unrecorded") for e in episodes)),
@@ -173,6 +178,16 @@ def summarise(episodes: list[dict], budget: int) -> dict:
         # how far from the goal the failures ended: near ones ran out of turns, far ones lost the way
         "failed_left_to_goal": dict(sorted(collections.Counter(e.get("left") for e in failed if "left" in e).items())),
     }
+
+
+def fitting(episodes: list[dict], budget: int) -> dict[str, int]:
+    """The mazes whose shortest path and its ``stop`` fit ``budget`` turns (``fit_budget``; the others cannot be
+    solved within it) and how many of them were solved within it (``solved_of_fitting``); ``{}`` when the episodes
+    carry no ``path`` (:func:`replay_facts`)."""
+    if not episodes or any("path" not in e for e in episodes):
+        return {}
+    fits = [e for e in episodes if e["path"] + 1 <= budget]
+    return {"fit_budget": len(fits), "solved_of_fitting": sum(e["solved"] and len(e["labels"]) <= budget for e in fits)}
 
 
 def return_counts(episodes: list[dict]) -> dict[str, int]:
