@@ -108,16 +108,16 @@ def returns(maze_map, start: tuple[int, int], moves: str, labels: list[str]) -> 
 
 def replay_facts(env, moves: str, labels: list[str]) -> dict:
     """In ``env``'s maze (a fresh ``make_maze2d`` env, not yet started): the episode's :func:`returns`, how many
-    moves the shortest path still had to go where it ended (``left``; 0 on the goal), and how many it has from the
-    start (``path``; with the ``stop`` after them, the fewest turns that solve the maze)."""
-    from vlrl.envs.maze_solver import shortest_path_actions
+    moves the shortest path still had to go where it ended (``left``; 0 on the goal), and the fewest turns that solve
+    the maze (``fewest_turns``: the expert's episode, its path and ``stop``)."""
+    from vlrl.envs.maze_solver import expert_actions, shortest_path_actions
 
     env.init()
     game = env.gym_env.unwrapped
     end = tiles(game.maze_map, game.agent, moves)[-1]
     left = len(shortest_path_actions(game.maze_map, end, game.target))
-    path = len(shortest_path_actions(game.maze_map, game.agent, game.target))
-    return {"returns": returns(game.maze_map, game.agent, moves, labels), "left": left, "path": path}
+    fewest = len(expert_actions(game.maze_map, game.agent, game.target))
+    return {"returns": returns(game.maze_map, game.agent, moves, labels), "left": left, "fewest_turns": fewest}
 
 
 def with_budget(rows: list, max_turns: int | None) -> list:
@@ -181,12 +181,12 @@ def summarise(episodes: list[dict], budget: int) -> dict:
 
 
 def fitting(episodes: list[dict], budget: int) -> dict[str, int]:
-    """The mazes whose shortest path and its ``stop`` fit ``budget`` turns (``fit_budget``; the others cannot be
-    solved within it) and how many of them were solved within it (``solved_of_fitting``); ``{}`` when the episodes
-    carry no ``path`` (:func:`replay_facts`)."""
-    if not episodes or any("path" not in e for e in episodes):
+    """The mazes whose expert episode (shortest path and ``stop``) fits ``budget`` turns (``fit_budget``; the others
+    cannot be solved within it) and how many of them were solved within it (``solved_of_fitting``); ``{}`` when the
+    episodes carry no ``fewest_turns`` (:func:`replay_facts`)."""
+    if not episodes or any("fewest_turns" not in e for e in episodes):
         return {}
-    fits = [e for e in episodes if e["path"] + 1 <= budget]
+    fits = [e for e in episodes if e["fewest_turns"] <= budget]
     return {"fit_budget": len(fits), "solved_of_fitting": sum(e["solved"] and len(e["labels"]) <= budget for e in fits)}
 
 

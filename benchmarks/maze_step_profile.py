@@ -76,6 +76,7 @@ def measure(
             "episodes": rows,
             "images": int(batch.image_grid_thw.shape[0]),
             "tokens": int(batch.attention_mask.sum()),
+            "pixel_mb": round(batch.pixel_values.nelement() * batch.pixel_values.element_size() / 1e6, 1),
             "expert_batch_s": round(gen, 3),
             "sft_update_s": round(statistics.median(steps), 4),
             "greedy_rollout_s": None if greedy_s is None else round(greedy_s, 3),

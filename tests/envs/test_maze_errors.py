@@ -49,21 +49,25 @@ def test_the_experts_episode_is_all_ok_and_each_kind_of_mistake_is_named():
     assert summary["ok_share"] == 0.6 and summary["failed_moves"] == ["RLLL"]
     # the 4-turn solve is past a 3-turn budget: a success under vlrl's budget, not under VisGym's
     assert summary["solved_turns"] == {2: 1, 4: 1} and summary["solved_within_budget"] == 1
-    assert "fit_budget" not in summary  # these episodes carry no path length
+    assert "fit_budget" not in summary  # these episodes carry no fewest_turns
 
 
 def test_mazes_whose_path_and_stop_do_not_fit_the_budget_are_counted_apart():
     """lease_v4's easy: 173 of 200 solved under 20 turns, 10 of the failures on the goal with no turn left for
     ``stop``; the aim's arithmetic needs the mazes that can be solved in time, counted by the tool."""
     errors = _module()
-    ep = lambda solved, turns, path: {"solved": solved, "moves": "R" * turns, "labels": ["ok"] * turns, "path": path}  # noqa: E731
-    episodes = [ep(True, 13, 12), ep(True, 17, 16), ep(False, 20, 16), ep(False, 20, 20), ep(True, 21, 20)]
+
+    def ep(solved: bool, turns: int, fewest: int) -> dict:
+        return {"solved": solved, "moves": "R" * turns, "labels": ["ok"] * turns, "fewest_turns": fewest}
+
+    episodes = [ep(True, 13, 13), ep(True, 17, 17), ep(False, 20, 17), ep(False, 20, 21), ep(True, 21, 21)]
     summary = errors.summarise(episodes, budget=20)
     # 20 moves and a stop take 21 turns: two mazes cannot be solved within 20, whatever the policy
     assert summary["fit_budget"] == 3 and summary["solved_of_fitting"] == 2
     assert summary["solved_within_budget"] == 2
+    assert errors.summarise(episodes, budget=21)["fit_budget"] == 5  # 21 turns hold them all
     facts = errors.replay_facts(make_maze2d("easy", {}, 0), "", [])  # no move played: the whole path is left
-    assert facts["path"] == facts["left"] == len(_expert(0)[0]) - 1
+    assert facts["fewest_turns"] == facts["left"] + 1 == len(_expert(0)[0])
 
 
 def test_a_budget_set_on_the_rows_reaches_the_env_and_its_step_counter():
@@ -129,11 +133,10 @@ def test_a_return_down_the_wrong_way_taken_last_time_is_told_from_one_that_takes
         )
         assert errors.returns(game.maze_map, game.agent, letters, labels) == []
         # where an episode ends: on the goal, or as many moves short of it as were not played
-        path = len(actions) - 1  # the expert's moves, without its stop
         assert errors.replay_facts(make_maze2d("easy", {}, seed), letters, labels) == {
             "returns": [],
             "left": 0,
-            "path": path,
+            "fewest_turns": len(actions),  # the expert's moves and its stop
         }
         cut = letters[:3]
         facts = errors.replay_facts(make_maze2d("easy", {}, seed), cut, labels[:3])
