@@ -23,10 +23,8 @@ def test_warmup_ramps_over_steps_from_zero_to_the_decay_curve():
     assert ramp[3] == pytest.approx(0.70)  # warm-up over: the decay alone
 
 
-def test_a_slow_first_batch_does_not_use_up_the_warmup(tmp_path, monkeypatch):
-    """The ramp counts optimizer steps: a level whose first batch takes longer than the old ramp's seconds (its first
-    step ended 15-30 s into a level on the farm) still trains its second step at a fraction of the peak (lease_v2's
-    ran at 0.97 of it, and a trained policy's loss went 0.030 -> 0.323)."""
+def _sft_rows_with_a_slow_first_batch(tmp_path, monkeypatch) -> list[dict]:
+    """Four SFT steps of a CPU 5x5 level whose first batch takes 1 s longer to come: its metrics rows."""
     import json
     import time
 
@@ -36,14 +34,14 @@ def test_a_slow_first_batch_does_not_use_up_the_warmup(tmp_path, monkeypatch):
     from vlrl.envs.maze_curriculum import LevelPlan, level_config, sft_phase
     from vlrl.train.run import Run
 
-    real = maze_sft_pool.SftPool.batch
+    real = maze_sft_pool.SftPool._next
 
     def slow_first(pool, k, first):
         if k == 0:
             time.sleep(1.0)
         return real(pool, k, first)
 
-    monkeypatch.setattr(maze_sft_pool.SftPool, "batch", slow_first)
+    monkeypatch.setattr(maze_sft_pool.SftPool, "_next", slow_first)
     plan = LevelPlan("5x5", 6000, 0, overrides=(*cpu_overrides(), "sft.steps=4"), sft_pool=1, sft_warmup_steps=4)
     run = Run(level_config(plan, tmp_path))
     try:
@@ -51,8 +49,28 @@ def test_a_slow_first_batch_does_not_use_up_the_warmup(tmp_path, monkeypatch):
         rows = [json.loads(line) for line in (run.log.dir / "metrics.jsonl").read_text().splitlines()]
     finally:
         run.close()
-    factors = [r["lr_factor"] for r in rows if r["phase"] == "sft"]
+    return [r for r in rows if r["phase"] == "sft"]
+
+
+def test_a_slow_first_batch_does_not_use_up_the_warmup(tmp_path, monkeypatch):
+    """The ramp counts optimizer steps: a level whose first batch takes longer than the old ramp's seconds (its first
+    step ended 15-30 s into a level on the farm) still trains its second step at a fraction of the peak (lease_v2's
+    ran at 0.97 of it, and a trained policy's loss went 0.030 -> 0.323)."""
+    factors = [r["lr_factor"] for r in _sft_rows_with_a_slow_first_batch(tmp_path, monkeypatch)]
     assert factors == pytest.approx([0.25, 0.5, 0.75, 1.0], abs=0.01)  # the decay over 6,000 s: < 1 %
+
+
+def test_a_steps_metrics_say_where_its_time_went(tmp_path, monkeypatch):
+    """``batch_s`` (waiting for the pool), ``to_device_s`` (the copy) and ``update_s`` split a step: the slow first
+    batch's second shows in its ``batch_s`` and nowhere else, and the three add up to the step's time (lease_v5's
+    easy step took 2.12 s where an update alone took 1.27 s, and its metrics did not say where the rest went)."""
+    rows = _sft_rows_with_a_slow_first_batch(tmp_path, monkeypatch)
+    assert rows[0]["batch_s"] >= 1.0 and all(r["batch_s"] < 0.5 for r in rows[1:])
+    assert all(r["update_s"] > 0 and r["to_device_s"] >= 0 for r in rows)
+    assert all(r["update_s"] < 1.0 for r in rows)  # the sleep is not counted as the update's
+    for before, row in zip(rows, rows[1:]):  # a row's time stamp comes after its step: the gap is one step (+ logging)
+        split = row["batch_s"] + row["to_device_s"] + row["update_s"]
+        assert split - 0.01 <= row["time"] - before["time"] <= split + 0.5  # time is logged in ms
 
 
 def test_the_small_model_is_built_in_the_levels_arch(tmp_path):

@@ -208,17 +208,16 @@ def sft_lr_factor(elapsed: float, budget: float, step: int = 0, warmup_steps: in
 
 
 def sft_phase(run, deadline: float, plan: LevelPlan) -> tuple[int, int]:
-    """SFT steps (cross-entropy on expert episodes, its own AdamW, as ``vlrl.train.loop.sft``) until
-    ``deadline``, or until the probe reaches ``plan.sft_until``; the engine gets the weights at the end.
-    Returns (steps, episodes built).
+    """SFT steps (cross-entropy on expert episodes, its own AdamW, as ``vlrl.train.loop.sft``) until ``deadline``,
+    or until the probe reaches ``plan.sft_until``; the engine gets the weights at the end. Returns (steps, episodes).
 
     The batches come from a pool of ``plan.sft_pool`` kept batches (:class:`vlrl.envs.maze_sft_pool.SftPool`, filled
-    as ``plan.sft_fill`` says). A step starts only while the last step's time still fits. For the first
-    ``plan.first_turns`` seconds the rows are cut to their first turn
-    (:func:`vlrl.envs.maze_sft_data.first_turn_row`; a pool of their own), then whole episodes. The learning rate
-    (``sft.lr`` times the group's factor in ``plan.sft_lr_scale``) decays linearly with the clock to 10 % at the
-    deadline, after a linear ramp from 0 over ``plan.sft_warmup_steps`` steps. ``plan.mask_detours``: the recovery
-    expert's detour turns stay in the history but out of the loss (:mod:`vlrl.envs.maze_sft_data`).
+    as ``plan.sft_fill`` says); the first ``plan.first_turns`` seconds' rows are cut to their first turn. A step
+    starts only while the last step's time still fits; its metrics split that time (``batch_s`` waiting for the
+    pool, ``to_device_s`` the batch's copy to the trainer's device, ``update_s``). The lr (``sft.lr`` times the
+    group's factor in ``plan.sft_lr_scale``) decays linearly with the clock to 10 % at the deadline, after a linear
+    ramp from 0 over ``plan.sft_warmup_steps`` steps. ``plan.mask_detours``: the recovery expert's detour turns stay
+    in the history but out of the loss (:mod:`vlrl.envs.maze_sft_data`).
     """
     from vlrl.envs.maze_sft_pool import SftPool
     from vlrl.train.trainer import Trainer
@@ -252,11 +251,14 @@ def sft_phase(run, deadline: float, plan: LevelPlan) -> tuple[int, int]:
                 probed = time.time()
                 if probe_success(run, probe, k) >= plan.sft_until:
                     break
-            values = run.sft_update(trainer, pool.batch(k, first))
+            batch = pool.batch(k, first, None if run.dist.sharded else trainer.device)  # a rank copies its share
+            t_step = time.time()
+            values = run.sft_update(trainer, batch)
             k += 1
             run.state.sft_step = k
             extra = {"sft_episodes": pool.built[False] * cfg.sft.rows_per_step, "first_turns": float(first)}
             extra |= {"takeovers": float(pool.takeovers), "takeover_s": pool.takeover_s}
+            extra |= {"batch_s": pool.wait_s, "to_device_s": pool.copy_s, "update_s": time.time() - t_step}
             run.log.metrics(k, "sft", values | extra | {"lr_factor": decay})
             snapshots.maybe(k)
             last = time.time() - t

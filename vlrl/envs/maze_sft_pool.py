@@ -82,6 +82,7 @@ class SftPool:
         self._build_s = 0.0  # the last batch's build time
         self.takeover, self.takeovers = takeover, 0  # (every N-th step, up to M policy turns), batches trained on
         self.takeover_s = 0.0
+        self.wait_s = self.copy_s = 0.0  # the last batch's wait and copy (:meth:`batch`)
         self._takeover_jobs: list[Future] = []  # takeover batches the farm is building, oldest first
         self.forks = forks  # (share, draw): a whole-episode batch picks share of its rows with an away fork
 
@@ -90,8 +91,20 @@ class SftPool:
         """Batches built at once (0: built by the step that needs one)."""
         return self._farm.workers if self._farm is not None else int(self._thread is not None)
 
-    def batch(self, step: int, first: bool):
-        """The batch SFT step ``step`` trains on (``first``: rows cut to their first turn)."""
+    def batch(self, step: int, first: bool, device: Any = None):
+        """The batch SFT step ``step`` trains on (``first``: rows cut to their first turn), moved to ``device`` if one
+        is given. ``wait_s`` and ``copy_s`` then say how long the call waited for it and copied it: why a step
+        took longer than its update (a lease's easy step 2.12 s, an update of kept batches alone 1.27 s; docs/maze.md
+        Next item 4)."""
+        t = time.time()
+        batch = self._next(step, first)
+        self.wait_s, t = time.time() - t, time.time()
+        if device is not None:
+            batch = batch.to(device)  # from pageable host memory (the farm's mapped spool): copied when it returns
+        self.copy_s = time.time() - t
+        return batch
+
+    def _next(self, step: int, first: bool):
         every, turns = self.takeover
         if every > 0 and not first:
             if (step + 1) % every == 0 and (self._farm is None or time.time() + self._build_s < self.deadline):
