@@ -66,6 +66,7 @@ def archive(repo: Path, name: str, parts: Path, message: str = "") -> str:
     for f in files:
         shutil.copyfile(f, dst / f.name)
     mib = sum(f.stat().st_size for f in files) / 2**20
+    sha = ""
     try:
         _git(repo, "add", "-f", "--", rel)
         head = f"weights {name}: {len(files)} parts, {mib:.1f} MiB (benchmarks/device/weights_git.py)"
@@ -73,6 +74,11 @@ def archive(repo: Path, name: str, parts: Path, message: str = "") -> str:
         sha = _git(repo, "rev-parse", "HEAD").strip()
         _git(repo, "rm", "-r", "-q", "--", rel)
         _git(repo, "commit", "-q", "-m", f"weights {name}: out of the working tree, kept at {sha[:10]}", "--", rel)
+    except RuntimeError as e:
+        if not sha:  # nothing committed: the index as it was
+            subprocess.run(["git", "-C", str(repo), "reset", "-q", "--", rel], capture_output=True)
+            raise
+        raise RuntimeError(f"{e}; the parts are kept at {sha[:10]} but still tracked: git rm -r {rel}, commit") from e
     finally:
         shutil.rmtree(dst, ignore_errors=True)
     return sha

@@ -69,3 +69,15 @@ def test_a_name_archived_twice_or_unknown_is_an_error_that_names_it(repo, parts,
     with pytest.raises(FileNotFoundError, match="no part.NN files"):
         wg.archive(repo, "lease_z", tmp_path)
     assert not (repo / wg.ROOT).exists()
+
+
+def test_a_refused_commit_leaves_the_index_and_tree_as_they_were(repo, parts):
+    """A commit hook that refuses (the fault injected: a real hook) must not leave the parts staged or on disk."""
+    wg = load("device/weights_git.py")
+    hook = repo / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\necho no weights here >&2\nexit 1\n")
+    hook.chmod(0o755)
+    with pytest.raises(RuntimeError, match="no weights here"):
+        wg.archive(repo, "lease_x", parts)
+    assert _git(repo, "status", "--porcelain") == ""
+    assert wg.archived(repo) == {}
