@@ -251,14 +251,14 @@ def sft_phase(run, deadline: float, plan: LevelPlan) -> tuple[int, int]:
                 probed = time.time()
                 if probe_success(run, probe, k) >= plan.sft_until:
                     break
-            batch = pool.batch(k, first, None if run.dist.sharded else trainer.device)  # a rank copies its share
-            t_step = time.time()
-            values = run.sft_update(trainer, batch)
+            t_step = time.time()  # no reference to the batch after the update: its GPU copy goes with it
+            values = run.sft_update(trainer, pool.batch(k, first, None if run.dist.sharded else trainer.device))
             k += 1
             run.state.sft_step = k
             extra = {"sft_episodes": pool.built[False] * cfg.sft.rows_per_step, "first_turns": float(first)}
             extra |= {"takeovers": float(pool.takeovers), "takeover_s": pool.takeover_s}
-            extra |= {"batch_s": pool.wait_s, "to_device_s": pool.copy_s, "update_s": time.time() - t_step}
+            extra |= {"batch_s": pool.wait_s, "to_device_s": pool.copy_s}
+            extra["update_s"] = time.time() - t_step - pool.wait_s - pool.copy_s
             run.log.metrics(k, "sft", values | extra | {"lr_factor": decay})
             snapshots.maybe(k)
             last = time.time() - t
