@@ -12,11 +12,11 @@
 #   LIMIT=s bash benchmarks/device/lease.sh watch TAG                             a later call: watches
 #   bash benchmarks/device/lease.sh stop TAG       ends it (its process group) and brings back what it left
 # A call watches LIMIT seconds (default 540) or until the run ends, prints each level's last metrics row (the log has
-# a level's line only at its end), then packs (~20 s). It returns $OUT/TAG-N.log
-# (the run's log so far), TAG-N.tgz (its run dirs without weights) and part.00-03 of the weights (tiny: 2 parts,
-# small: 4); PACK=0 leaves them (a call whose own files need the room). PARTS=dir: the first level starts from parts
-# carried into dir (as maze_curriculum.sh). The run's code is copied out of the working tree first, which a later
-# call's checkout replaces. LEASE_LOCAL=1: no device env (tests). The first call may do more while the run goes:
+# a level's line only at its end) and the median split of its SFT steps' time, then packs (~20 s). It returns
+# $OUT/TAG-N.log (the run's log so far), TAG-N.tgz (its run dirs without weights) and part.00-03 of the weights
+# (tiny: 2 parts, small: 4); PACK=0 leaves them (a call whose own files need the room). PARTS=dir: the first level
+# starts from parts carried into dir (as maze_curriculum.sh). The run's code is copied out of the working tree
+# first, which a later call's checkout replaces. LEASE_LOCAL=1: no device env (tests). The first call may do more while the run goes:
 #   LIMIT=0 PACK=0 bash benchmarks/device/lease.sh start TAG ARGS && bash benchmarks/device/gpu_suite.sh
 set -uo pipefail
 [ -n "${LEASE_LOCAL:-}" ] || source benchmarks/device/env.sh
@@ -78,6 +78,7 @@ grep -v -e "Loading weights" -e "Writing model" "$dir/train.log" > "$OUT/$tag-$n
 grep -e '"level"' -e Traceback -e Error "$OUT/$tag-$n.log"
 for m in "$mc"/*/metrics.jsonl; do  # where each level stands: the log has a level's line only once it ends
   [ -f "$m" ] && echo "$(basename "$(dirname "$m")") last: $(tail -n 1 "$m" | cut -c1-200)"
+  [ -f "$m" ] && step_split "$m"
 done
 [ -d "$mc" ] && run_dirs_tgz "$OUT/$tag-$n.tgz" "$mc"
 w=$(PYTHONPATH="$dir/src:${PYTHONPATH:-}" python3 -c \

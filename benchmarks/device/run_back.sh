@@ -12,3 +12,19 @@ pack_back() {
 unpack_parts() {
   rm -rf "$1" && python3 benchmarks/device/weights_parts.py unpack "$PARTS" "$1"
 }
+# step_split METRICS: a level's SFT steps so far and the median of sft_phase's split of a step (the last line may be
+# torn: the run writes it meanwhile).
+step_split() {
+  python3 -c 'import json, statistics, sys
+rows = []
+for line in open(sys.argv[1]):
+    try:
+        rows.append(json.loads(line))
+    except ValueError:
+        pass
+rows = [r for r in rows if r.get("phase") == "sft" and "update_s" in r]
+keys = ("batch_s", "to_device_s", "update_s")
+if rows:
+    medians = ", ".join(f"{k} {statistics.median(r[k] for r in rows):.3f}" for k in keys)
+    print(f"  {len(rows)} SFT steps, median s: {medians}")' "$1"
+}

@@ -54,6 +54,7 @@ def test_the_run_outlives_the_call_that_started_it_and_a_later_call_brings_back_
         watched = lease(tmp_path, "watch", "t", limit=300)
         assert watched.returncode == 0 and "the run ended: rc 0" in watched.stdout, watched.stdout + watched.stderr
         assert '5x5 last: {"step": 0, "phase": "eval"' in watched.stdout  # where the level stands: its eval came last
+        assert "  2 SFT steps, median s: batch_s " in watched.stdout  # and where its steps' time went
         out = tmp_path / "out"
         assert '"level": "5x5"' in (out / "t-2.log").read_text()
         with tarfile.open(out / "t-2.tgz") as tar:
