@@ -16,7 +16,8 @@
 # $OUT/TAG-N.log (the run's log so far), TAG-N.tgz (its run dirs without weights) and part.00-03 of the weights
 # (tiny: 2 parts, small: 4); PACK=0 leaves them (a call whose own files need the room). PARTS=dir: the first level
 # starts from parts carried into dir (as maze_curriculum.sh). The run's code is copied out of the working tree
-# first, which a later call's checkout replaces. LEASE_LOCAL=1: no device env (tests). The first call may do more while the run goes:
+# first, which a later call's checkout replaces. LEASE_LOCAL=1: no device env (tests). The first call may do more
+# while the run goes:
 #   LIMIT=0 PACK=0 bash benchmarks/device/lease.sh start TAG ARGS && bash benchmarks/device/gpu_suite.sh
 set -uo pipefail
 [ -n "${LEASE_LOCAL:-}" ] || source benchmarks/device/env.sh
