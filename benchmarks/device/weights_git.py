@@ -56,8 +56,9 @@ def archive(repo: Path, name: str, parts: Path, message: str = "") -> str:
     files = sorted(parts.glob("part.*"))
     if not files:
         raise FileNotFoundError(f"no part.NN files in {parts}")
-    if name in archived(repo):
-        raise ValueError(f"{name} is archived already (commit {archived(repo)[name][:10]}): choose another name")
+    kept = archived(repo).get(name)
+    if kept:
+        raise ValueError(f"{name} is archived already (commit {kept[:10]}): choose another name")
     rel = f"{ROOT}/{name}"
     dst = repo / rel
     if dst.exists():
@@ -86,10 +87,10 @@ def archive(repo: Path, name: str, parts: Path, message: str = "") -> str:
 
 def restore(repo: Path, name: str, dst: Path) -> list[Path]:
     """The archived ``name``'s parts written into ``dst`` (``weights_parts.py unpack`` makes the model of them)."""
-    sha = archived(repo).get(name)
+    known = archived(repo)
+    sha = known.get(name)
     if sha is None:
-        known = ", ".join(sorted(archived(repo))) or "none"
-        raise KeyError(f"no archived weights named {name!r} (archived: {known})")
+        raise KeyError(f"no archived weights named {name!r} (archived: {', '.join(sorted(known)) or 'none'})")
     paths = _git(repo, "ls-tree", "-r", "--name-only", sha, "--", f"{ROOT}/{name}/").split()
     dst.mkdir(parents=True, exist_ok=True)
     out = []
