@@ -73,6 +73,7 @@ def parse_plan(text: str, args: argparse.Namespace) -> LevelPlan:
         sft_pool=int(rest[0]) if rest else LevelPlan.sft_pool,
         sft_fill=args.sft_fill,
         sft_builders=args.sft_builders,
+        sft_prefetch=args.sft_prefetch,
         sft_warmup_steps=args.sft_warmup_steps,
         first_turns=float(rest[1]) if len(rest) > 1 else args.first_turns,
         first_start=args.first_start,
@@ -112,6 +113,9 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="worker processes of --sft-fill processes (0: cores-2, at most 12 GiB of free memory each)",
+    )
+    ap.add_argument(
+        "--sft-prefetch", action="store_true", help="fetch and copy each SFT batch while the step before trains"
     )
     ap.add_argument(
         "--sft-warmup-steps", type=int, default=0, help="SFT steps of linear lr warm-up from 0 (e.g. 30 from weights)"

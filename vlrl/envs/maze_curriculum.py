@@ -57,6 +57,8 @@ class LevelPlan:
     worker processes build batches throughout the phase while the steps train (a sliding window of the freshest)."""
     sft_builders: int = 0
     """Worker processes of ``sft_fill="processes"`` (0: all cores but two, at most 12 GiB of free memory each)."""
+    sft_prefetch: bool = False
+    """Fetch (and on a GPU copy) each step's batch while the step before it trains (:mod:`vlrl.envs.maze_sft_pool`)."""
     sft_lr_scale: tuple[tuple[str, float], ...] = ()
     """SFT learning rate per module group as a factor of ``sft.lr`` (e.g. ``(("vision", 10.0),)``)."""
     mask_detours: bool = False
@@ -212,13 +214,13 @@ def sft_phase(run, deadline: float, plan: LevelPlan) -> tuple[int, int]:
     or until the probe reaches ``plan.sft_until``; the engine gets the weights at the end. Returns (steps, episodes).
 
     The batches come from a pool of ``plan.sft_pool`` kept batches (:class:`vlrl.envs.maze_sft_pool.SftPool`, filled
-    as ``plan.sft_fill`` says); the first ``plan.first_turns`` seconds' rows are cut to their first turn. A step
-    starts only while the last step's time still fits; its metrics split that time (``batch_s`` waiting for the
-    pool, ``to_device_s`` the batch's copy to the trainer's device, ``update_s``). The lr (``sft.lr`` times the
-    group's factor in ``plan.sft_lr_scale``) decays linearly with the clock to 10 % at the deadline, after a linear
-    ramp from 0 over ``plan.sft_warmup_steps`` steps. ``plan.mask_detours``: the recovery expert's detour turns stay
-    in the history but out of the loss (:mod:`vlrl.envs.maze_sft_data`).
-    """
+    as ``plan.sft_fill`` says; ``plan.sft_prefetch``: fetched and copied during the step before); the first
+    ``plan.first_turns`` seconds' rows are cut to their first turn. A step starts only while the last step's time
+    still fits; its metrics split it: ``batch_s`` and ``to_device_s`` the wait for the batch and its copy (or what
+    the prefetch did not hide), ``update_s``. The lr (``sft.lr`` times the group's factor in ``plan.sft_lr_scale``)
+    decays linearly with the clock to 10 % at the deadline, after a linear ramp from 0 over ``plan.sft_warmup_steps``
+    steps. ``plan.mask_detours``: the recovery expert's detour turns stay in the history but out of the loss
+    (:mod:`vlrl.envs.maze_sft_data`)."""
     from vlrl.envs.maze_sft_pool import SftPool
     from vlrl.train.trainer import Trainer
 
@@ -236,6 +238,7 @@ def sft_phase(run, deadline: float, plan: LevelPlan) -> tuple[int, int]:
         first_start=plan.first_start,
         takeover=plan.takeover,
         forks=plan.fork_mazes,
+        prefetch=plan.sft_prefetch,
     )
     probe = run.next_rows(plan.probe_rows) if plan.sft_until else []
     snapshots = Snapshots(run, run.log.dir / "snapshots", plan.snapshot_seconds)

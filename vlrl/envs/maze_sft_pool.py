@@ -26,6 +26,11 @@ conversation, on the CPU) costs far more than an update of the curriculum's smal
   right way (:func:`vlrl.envs.maze_sft_data.fork_rows`), the rest in the order drawn. On the GPU only a smoke run
   (docs/maze.md item 28): whether the builders keep pace with it is not yet measured.
 
+- ``prefetch=True``: a thread fetches the next step's batch while this step trains (guessing it is of this step's
+  kind) and on a GPU copies it from page-locked memory on its own stream, so neither the wait for a batch nor its
+  copy (on an H100 0.24 s and 0.33 s of a 2.34 s easy step, docs/maze.md item 36) holds the step up. Not with
+  takeover batches (their policy turns need the engine after a weight sync, on the training loop's thread).
+
 The two filled while steps train need a single-process run: a sharded run's rollouts broadcast across ranks, which
 a builder of one rank cannot do.
 
@@ -65,12 +70,16 @@ class SftPool:
         first_start: Start = "corner",
         takeover: tuple[int, int] = (0, 0),
         forks: tuple[float, int] = (0.0, 1),
+        prefetch: bool = False,
     ):
         from vlrl.envs.maze_sft_data import first_turn_row
         from vlrl.envs.maze_sft_farm import ExpertFarm, default_workers
 
-        if fill != "first" and run.dist.sharded:
-            raise ValueError(f"sft pool fill {fill!r} needs a single-process run (rollouts broadcast across ranks)")
+        if (fill != "first" or prefetch) and run.dist.sharded:
+            what = f"fill {fill!r}" if fill != "first" else "prefetch"
+            raise ValueError(f"sft pool {what} needs a single-process run (rollouts broadcast across ranks)")
+        if prefetch and takeover[0] > 0:
+            raise ValueError("sft pool prefetch cannot fetch takeover batches (their policy turns need this thread)")
         self.run, self.size, self.masked, self.fill, self.deadline = run, max(1, size), masked, fill, deadline
         self._cut = functools.partial(first_turn_row, start=first_start)
         self.kept: dict[bool, list] = {True: [], False: []}
@@ -85,6 +94,9 @@ class SftPool:
         self.wait_s = self.copy_s = 0.0  # the last batch's wait and copy (:meth:`batch`)
         self._takeover_jobs: list[Future] = []  # takeover batches the farm is building, oldest first
         self.forks = forks  # (share, draw): a whole-episode batch picks share of its rows with an away fork
+        self._fetcher = ThreadPoolExecutor(1, thread_name_prefix="vlrl-sft-prefetch") if prefetch else None
+        self._ahead: tuple[tuple[int, bool], Future] | None = None  # ((step, first), the batch being fetched)
+        self._stream: Any = None  # the CUDA stream the fetcher copies on
 
     @property
     def parallel(self) -> int:
@@ -97,12 +109,41 @@ class SftPool:
         took longer than its update (a lease's easy step 2.12 s, an update of kept batches alone 1.27 s; docs/maze.md
         Next item 4)."""
         t = time.time()
-        batch = self._next(step, first)
-        self.wait_s, t = time.time() - t, time.time()
-        if device is not None:
-            batch = batch.to(device)  # from pageable host memory (the farm's mapped spool): copied when it returns
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == (step, first):
+            batch, copied = ahead[1].result()  # fetched while the last step trained: wait_s is what it did not hide
+            self.wait_s, t = time.time() - t, time.time()
+            if copied is not None:  # the copy's stream: this one's work on the batch waits for it
+                import torch
+
+                stream = torch.cuda.current_stream(batch.input_ids.device)
+                stream.wait_event(copied)
+                batch.record_stream(stream)
+        else:
+            if ahead is not None:
+                ahead[1].result()  # a batch of the other kind: kept in the pool, this step fetches its own
+            batch = self._next(step, first)
+            self.wait_s, t = time.time() - t, time.time()
+            if device is not None:
+                batch = batch.to(device)  # from pageable host memory (the farm's mapped spool): copied at return
         self.copy_s = time.time() - t
+        if self._fetcher is not None:
+            self._ahead = ((step + 1, first), self._fetcher.submit(self._fetch, step + 1, first, device))
         return batch
+
+    def _fetch(self, step: int, first: bool, device: Any):
+        """(batch, event): step ``step``'s batch, on ``device`` if one is given; on a GPU copied from page-locked
+        memory on the fetcher's stream, ``event`` marking the copy's end (else None)."""
+        import torch
+
+        batch = self._next(step, first)
+        if device is None or torch.device(device).type != "cuda":
+            return (batch if device is None else batch.to(device)), None
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device)
+        with torch.cuda.stream(self._stream):
+            moved = batch.pin_memory().to(device, non_blocking=True)
+            return moved, self._stream.record_event()
 
     def _next(self, step: int, first: bool):
         every, turns = self.takeover
@@ -130,6 +171,9 @@ class SftPool:
 
     def close(self) -> None:
         """Wait for the batches being built (the renderer is the next phase's too), then stop the builders."""
+        if self._fetcher is not None:
+            self._fetcher.shutdown(wait=True)  # the fetch under way uses the builders below
+            self._fetcher, self._ahead = None, None
         if self._thread is not None:
             self._thread.shutdown(wait=True, cancel_futures=True)
             self._thread = None

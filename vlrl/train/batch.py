@@ -115,9 +115,22 @@ class Batch:
         """A copy with some fields changed (no re-validation: fault-injection tests use this)."""
         return dataclasses.replace(self, **changes)
 
-    def to(self, device) -> Batch:
-        moved = {f.name: _to(getattr(self, f.name), device) for f in dataclasses.fields(self)}
-        return Batch(**moved)
+    def to(self, device, non_blocking: bool = False) -> Batch:
+        """On ``device``; ``non_blocking`` from page-locked memory (:meth:`pin_memory`) queues the copy on the
+        current stream and returns at once."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Batch:
+        """A copy in page-locked host memory: a copy from it to the GPU can run beside the GPU's work."""
+        return self._map(torch.Tensor.pin_memory)
+
+    def record_stream(self, stream) -> None:
+        """Mark every tensor as used on ``stream`` (copied on another one), so the allocator keeps its memory
+        until what ``stream`` queued on it has run."""
+        self._map(lambda t: t.record_stream(stream) or t)
+
+    def _map(self, fn) -> Batch:
+        return Batch(**{f.name: _map(getattr(self, f.name), fn) for f in dataclasses.fields(self)})
 
     def select(self, rows: Sequence[int]) -> Batch:
         """The sub-batch of ``rows`` (a micro-batch), trimmed to its longest row, with its own vision tensors."""
@@ -298,9 +311,10 @@ def _select_topk(top: EngineTopK | None, rows: list[int], width: int) -> EngineT
     )
 
 
-def _to(value, device):
+def _map(value, fn):
+    """``fn`` on a field's tensors (a tensor, or each of an :class:`EngineTopK`'s); other values as they are."""
     if isinstance(value, torch.Tensor):
-        return value.to(device)
+        return fn(value)
     if isinstance(value, EngineTopK):
-        return EngineTopK(*(getattr(value, f.name).to(device) for f in dataclasses.fields(value)))
+        return EngineTopK(*(fn(getattr(value, f.name)) for f in dataclasses.fields(value)))
     return value
