@@ -76,10 +76,11 @@ def test_a_step_of_the_other_kind_gets_its_own_batch(runs):
 
 def test_a_failed_fetch_fails_the_step_that_needed_it(runs, monkeypatch):
     pool = SftPool(runs[0], 2, masked=True, prefetch=True)
-    real = pool._next
+    real, failed = pool._next, []
 
     def breaks_at_step_1(step: int, first: bool):
-        if step == 1:
+        if step == 1 and not failed:  # once: a step that quietly fetched again would get a batch
+            failed.append(step)
             raise RuntimeError("renderer died")
         return real(step, first)
 
@@ -113,13 +114,16 @@ def test_prefetch_refuses_takeover_batches_and_sharded_runs(runs):
         SftPool(sharded, 2, masked=True, prefetch=True)
 
 
-def test_sft_phase_trains_with_the_plans_prefetch(tmp_path):
+def test_sft_phase_trains_with_the_plans_prefetch(tmp_path, monkeypatch):
     from vlrl.train.run import Run
 
+    fetched, real = [], SftPool._fetch
+    monkeypatch.setattr(SftPool, "_fetch", lambda pool, step, *a: fetched.append(step) or real(pool, step, *a))
     plan = LevelPlan("5x5", 600, 0, overrides=(*CPU, "sft.steps=4"), sft_pool=2, sft_prefetch=True)
     run = Run(level_config(plan, tmp_path))
     try:
         assert sft_phase(run, time.time() + plan.sft_seconds, plan) == (4, 4)
+        assert fetched == [1, 2, 3, 4]  # each step after the first came from the prefetch (and a fifth was fetched)
         assert run.state.data_position == 4  # two batches of two rows, the prefetch of a fifth step drew none
     finally:
         run.close()
