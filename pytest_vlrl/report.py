@@ -116,12 +116,18 @@ def golden_diff_extras(diff: str) -> list[dict[str, Any]]:
 
 def _summary_html(run) -> str:
     from vlrl.report.training import eval_change
+    from vlrl.report.verdict import headline, stages_text, verdict
 
     s = run.summary or {}
+    v = verdict(run)
     parts = [f"vlrl run <code>{html.escape(str(run.root))}</code>"]
-    change = eval_change(s)
+    if v.passed is not None:
+        parts.append("<b style='color:#2a7'>PASS</b>" if v.passed else "<b style='color:#c33'>FAIL</b>")
+    change = html.escape(stages_text(v.stages)) if "after_sft" in dict(v.stages) else eval_change(s)
     if change:
         parts.append(f"eval reward {change}")
+    if headline(v):
+        parts.append(html.escape(headline(v)))
     for key in ("steps", "seconds", "passed"):
         if key in s:
             parts.append(f"{key} {html.escape(str(s[key]))}")
