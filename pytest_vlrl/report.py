@@ -98,8 +98,15 @@ def run_extras(run_dir: Path) -> list[dict[str, Any]]:
     run = read_run(run_dir)
     out = [extras.html(_summary_html(run))]
     out += [extras.png(base64.b64encode(png).decode("ascii"), name) for name, png in figures(run).items()]
-    for step, strips in sample_strips(run, MAX_STRIP_STEPS, MAX_STRIPS_PER_STEP):
-        out.append(extras.html(f"<div><b>rollouts at step {step}</b>{''.join(strips)}</div>"))
+    # frames as backgrounds, never <img>: pytest-html's media viewer takes the row's first <img> as its own
+    for step, strips in sample_strips(run, MAX_STRIP_STEPS, MAX_STRIPS_PER_STEP, frame="background"):
+        cards = "".join(f"<div style='flex:0 1 auto;min-width:0'>{s}</div>" for s in strips)
+        out.append(
+            extras.html(
+                f"<div class='vlrl-rollouts'><b>rollouts at step {step}</b> (failed and solved alternate)"
+                f"<div style='display:flex;flex-wrap:wrap;gap:4px 16px'>{cards}</div></div>"
+            )
+        )
     return out
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from vlrl.report import plots
 from vlrl.report.learning import learning_section
 from vlrl.report.runfiles import RunFiles, read_run
-from vlrl.report.strips import strip_html
+from vlrl.report.strips import FrameTag, strip_html
 from vlrl.report.verdict import VERDICT_CSS, stages_text, verdict, verdict_html
 
 MAX_SAMPLE_STEPS = 3
@@ -84,13 +84,16 @@ def figures(run: RunFiles) -> dict[str, bytes]:
 
 
 def sample_strips(
-    run: RunFiles, max_steps: int = MAX_SAMPLE_STEPS, per_step: int = MAX_SAMPLES_PER_STEP
+    run: RunFiles, max_steps: int = MAX_SAMPLE_STEPS, per_step: int = MAX_SAMPLES_PER_STEP, frame: FrameTag = "img"
 ) -> list[tuple[int, list[str]]]:
-    """``[(step, [strip html, ...])]`` for the first and last sample steps, capped."""
+    """``[(step, [strip html, ...])]`` for the first and last sample steps, capped; failed and solved
+    episodes alternate (:func:`pick_samples`). ``frame``: see :data:`vlrl.report.strips.FrameTag`."""
     steps = list(run.samples)
     if len(steps) > max_steps:
         steps = steps[:1] + steps[-(max_steps - 1) :] if max_steps > 1 else steps[-1:]
-    return [(step, [strip_html(rec) for rec in pick_samples(run.samples[step], per_step)]) for step in steps]
+    return [
+        (step, [strip_html(rec, frame=frame) for rec in pick_samples(run.samples[step], per_step)]) for step in steps
+    ]
 
 
 def episode_reward(record: dict[str, Any]) -> float:

@@ -55,6 +55,7 @@ class Gain:
 @dataclass(frozen=True)
 class Verdict:
     criteria: tuple[Criterion, ...]
+    unjudged: tuple[str, ...]
     stages: tuple[tuple[str, float], ...]  # (label, eval reward mean) in run order: before, after_sft, after
     gain: Gain | None
     agreement_worst: float | None
@@ -116,8 +117,11 @@ def verdict(run: RunFiles) -> Verdict:
     if run.image_sensitivity:
         check("images mattered", images_mattered, ok=f"all {len(run.image_sensitivity)} probe(s) passed")
     stop_at = (cfg.get("run") or {}).get("stop_at")
+    unjudged = []
     if isinstance(stop_at, (int, float)) and run.phase("eval"):
         check(f"learned (eval ≥ {stop_at:g})", learned, float(stop_at), ok="final eval reached run.stop_at")
+    elif run.phase("eval"):
+        unjudged.append("learning: no threshold (run.stop_at unset); read the eval reward by stage")
 
     evals = [e for e in run.phase("eval") if _num(e.get("eval_reward_mean"))]
     by_label: dict[str, dict[str, Any]] = {}
@@ -148,6 +152,7 @@ def verdict(run: RunFiles) -> Verdict:
     worst = max((r for r in run.agreement if _num(r.get("max_abs"))), key=lambda r: r["max_abs"], default=None)
     return Verdict(
         tuple(criteria),
+        tuple(unjudged),
         stages,
         gain,
         float(worst["max_abs"]) if worst else None,
@@ -185,13 +190,15 @@ def verdict_html(run: RunFiles) -> str:
         badge = "<span class='warn'>no criteria to judge</span>"
     else:
         badge = "<span class='pass'>PASS</span>" if v.passed else "<span class='fail'>FAIL</span>"
-    rows = [f"<div class='vv-badge' data-passed='{str(v.passed).lower()}'>{badge}</div>"]
+    count = f" {sum(c.passed for c in v.criteria)} of {len(v.criteria)} criteria" if v.criteria else ""
+    rows = [f"<div class='vv-badge' data-passed='{str(v.passed).lower()}'>{badge}{count}</div>"]
     if v.criteria:
         items = "".join(
             f"<li data-criterion='{html.escape(c.name)}' data-passed='{str(c.passed).lower()}'>"
             f"{'✓' if c.passed else '✗'} <b>{html.escape(c.name)}</b>: {html.escape(c.detail)}</li>"
             for c in v.criteria
         )
+        items += "".join(f"<li class='vv-unjudged'>– not judged: {html.escape(u)}</li>" for u in v.unjudged)
         rows.append(f"<ul class='vv-criteria'>{items}</ul>")
     cells = []
     if v.stages:
