@@ -81,3 +81,22 @@ def test_a_tiny_training_prints_a_progress_line_per_step_into_a_pipe(tmp_path):
     evals = [line for line in err if line.startswith("[eval")]
     assert [line.split(" @")[0] for line in evals] == ["[eval before", "[eval after_sft", "[eval after"], evals
     assert "rollout:" not in proc.stderr, "no per-rollout-batch bars in training"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_one_bar_per_phase_sits_under_the_lines():
+    out = _Terminal()
+    p = Progress({"sft": 2, "rl": 3}, stream=out)
+    p.begin("sft", 0)
+    for k in (1, 2):
+        p.step("sft", k, {"loss": 1.0})
+    p.begin("rl", 0)
+    p.step("rl", 1, {"reward_mean": 0.0})
+    p.close()
+    text = out.getvalue()
+    assert text.count("[sft 1/2]") == 1 and text.count("[sft 2/2]") == 1 and text.count("[rl  1/3]") == 1
+    assert re.search(r"sft: 100%\|.*\| 2/2", text) and re.search(r"rl:  33%\|.*\| 1/3", text), text
