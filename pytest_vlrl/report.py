@@ -98,8 +98,15 @@ def run_extras(run_dir: Path) -> list[dict[str, Any]]:
     run = read_run(run_dir)
     out = [extras.html(_summary_html(run))]
     out += [extras.png(base64.b64encode(png).decode("ascii"), name) for name, png in figures(run).items()]
-    for step, strips in sample_strips(run, MAX_STRIP_STEPS, MAX_STRIPS_PER_STEP):
-        out.append(extras.html(f"<div><b>rollouts at step {step}</b>{''.join(strips)}</div>"))
+    # frames as backgrounds, never <img>: pytest-html's media viewer takes the row's first <img> as its own
+    for step, strips in sample_strips(run, MAX_STRIP_STEPS, MAX_STRIPS_PER_STEP, frame="background"):
+        cards = "".join(f"<div style='flex:0 1 auto;min-width:0'>{s}</div>" for s in strips)
+        out.append(
+            extras.html(
+                f"<div class='vlrl-rollouts'><b>rollouts at step {step}</b> (failed and solved alternate)"
+                f"<div style='display:flex;flex-wrap:wrap;gap:4px 16px'>{cards}</div></div>"
+            )
+        )
     return out
 
 
@@ -116,12 +123,18 @@ def golden_diff_extras(diff: str) -> list[dict[str, Any]]:
 
 def _summary_html(run) -> str:
     from vlrl.report.training import eval_change
+    from vlrl.report.verdict import headline, stages_text, verdict
 
     s = run.summary or {}
+    v = verdict(run)
     parts = [f"vlrl run <code>{html.escape(str(run.root))}</code>"]
-    change = eval_change(s)
+    if v.passed is not None:
+        parts.append("<b style='color:#2a7'>PASS</b>" if v.passed else "<b style='color:#c33'>FAIL</b>")
+    change = html.escape(stages_text(v.stages)) if "after_sft" in dict(v.stages) else eval_change(s)
     if change:
         parts.append(f"eval reward {change}")
+    if headline(v):
+        parts.append(html.escape(headline(v)))
     for key in ("steps", "seconds", "passed"):
         if key in s:
             parts.append(f"{key} {html.escape(str(s[key]))}")

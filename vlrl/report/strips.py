@@ -13,7 +13,7 @@ import base64
 import html
 import io
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 THUMB = 128
 MAX_TEXT = 120
@@ -71,7 +71,13 @@ def strip_cells(record: dict[str, Any], thumb: int = THUMB) -> list[Cell]:
     return cells
 
 
-def strip_html(record: dict[str, Any], thumb: int = THUMB) -> str:
+FrameTag = Literal["img", "background"]
+"""How a frame is drawn: an ``<img>``, or a ``<div>`` with the frame as its background. pytest-html 4's media
+viewer shows its figures in ``resultBody.querySelector('img')`` — the row's first ``<img>`` — so an ``<img>``
+in a row's HTML extras gets the chart drawn into it and the viewer stays empty: rows use backgrounds."""
+
+
+def strip_html(record: dict[str, Any], thumb: int = THUMB, frame: FrameTag = "img") -> str:
     """An HTML fragment (inline styles only, so it also renders inside a pytest-html row)."""
     cells = strip_cells(record, thumb)
     metrics = record.get("metrics") or {}
@@ -84,19 +90,26 @@ def strip_html(record: dict[str, Any], thumb: int = THUMB) -> str:
     )
     if record.get("error"):
         head += f" · error: <code>{html.escape(_clip(str(record['error'])))}</code>"
-    body = "".join(_cell_html(c, thumb) for c in cells) or "<i>no turns</i>"
+    body = "".join(_cell_html(c, thumb, frame) for c in cells) or "<i>no turns</i>"
     return (
         f"<div class='vlrl-strip' style='margin:6px 0 14px 0'><div style='font-size:13px'>{head}</div>"
         f"<div style='display:flex;gap:6px;overflow-x:auto;align-items:flex-start'>{body}</div></div>"
     )
 
 
-def _cell_html(cell: Cell, thumb: int) -> str:
-    imgs = "".join(
-        f"<img src='{uri}' alt='frame' style='max-width:{thumb}px;max-height:{thumb}px;"
-        f"image-rendering:pixelated;display:block'>"
-        for uri in cell.frames
-    )
+def _cell_html(cell: Cell, thumb: int, frame: FrameTag = "img") -> str:
+    if frame == "img":
+        imgs = "".join(
+            f"<img src='{uri}' alt='frame' style='max-width:{thumb}px;max-height:{thumb}px;"
+            f"image-rendering:pixelated;display:block'>"
+            for uri in cell.frames
+        )
+    else:
+        imgs = "".join(
+            f"<div class='vlrl-frame' role='img' aria-label='frame' style='width:{thumb}px;height:{thumb}px;"
+            f"background:url({uri}) left top/contain no-repeat;image-rendering:pixelated'></div>"
+            for uri in cell.frames
+        )
     lines = [f"<div style='color:#666'>{html.escape(cell.label)}</div>"]
     if cell.action is not None:
         action = f"<code>{html.escape(_clip(cell.action))}</code>" if cell.action.strip() else "<i>(empty reply)</i>"

@@ -18,18 +18,28 @@ from typing import Any
 from vlrl.report import plots
 from vlrl.report.learning import learning_section
 from vlrl.report.runfiles import RunFiles, read_run
-from vlrl.report.strips import strip_html
+from vlrl.report.strips import FrameTag, strip_html
+from vlrl.report.verdict import VERDICT_CSS, stages_text, verdict, verdict_html
 
 MAX_SAMPLE_STEPS = 3
 """Sample steps shown: the first (before training) and the last ones."""
 MAX_SAMPLES_PER_STEP = 4
 
-_CSS = """body{font-family:system-ui,sans-serif;margin:20px;max-width:1200px;color:#222}
+_CSS = (
+    """body{font-family:system-ui,sans-serif;margin:20px;max-width:1200px;color:#222}
 h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:3px;margin-top:28px}
 table.kv td{padding:2px 12px 2px 0}table.kv td:first-child{color:#666}
 .pass{color:#fff;background:#2a7;padding:2px 8px;border-radius:3px}
 .fail{color:#fff;background:#c33;padding:2px 8px;border-radius:3px}
-.warn{color:#a60}.figs img{margin:4px;border:1px solid #eee}pre{background:#f6f6f6;padding:8px;overflow-x:auto}"""
+.warn{color:#a60}.figs img{margin:4px;border:1px solid #eee;max-width:100%;height:auto}
+pre{background:#f6f6f6;padding:8px;overflow-x:auto}
+table.metrics{border-collapse:collapse;font-size:13px}
+table.metrics td{padding:2px 10px;border-top:1px solid #eee;vertical-align:top}
+table.metrics td:first-child{color:#666;white-space:nowrap}
+.samples{display:flex;gap:16px;align-items:flex-start}.samples>div{flex:1 1 0;min-width:0}
+.samples h4{margin:4px 0;font-size:13px}"""
+    + VERDICT_CSS
+)
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -43,6 +53,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
 def report_html(run: RunFiles) -> str:
     sections = [
+        verdict_html(run),
         _header(run),
         _curves(run),
         learning_section(run),
@@ -73,13 +84,42 @@ def figures(run: RunFiles) -> dict[str, bytes]:
 
 
 def sample_strips(
-    run: RunFiles, max_steps: int = MAX_SAMPLE_STEPS, per_step: int = MAX_SAMPLES_PER_STEP
+    run: RunFiles, max_steps: int = MAX_SAMPLE_STEPS, per_step: int = MAX_SAMPLES_PER_STEP, frame: FrameTag = "img"
 ) -> list[tuple[int, list[str]]]:
-    """``[(step, [strip html, ...])]`` for the first and last sample steps, capped."""
+    """``[(step, [strip html, ...])]`` for the first and last sample steps, capped; failed and solved
+    episodes alternate (:func:`pick_samples`). ``frame``: see :data:`vlrl.report.strips.FrameTag`."""
     steps = list(run.samples)
     if len(steps) > max_steps:
         steps = steps[:1] + steps[-(max_steps - 1) :] if max_steps > 1 else steps[-1:]
-    return [(step, [strip_html(rec) for rec in run.samples[step][:per_step]]) for step in steps]
+    return [
+        (step, [strip_html(rec, frame=frame) for rec in pick_samples(run.samples[step], per_step)]) for step in steps
+    ]
+
+
+def episode_reward(record: dict[str, Any]) -> float:
+    """A sample's return: its turns' rewards (or its per-token rewards) summed."""
+    turns = record.get("turns")
+    if isinstance(turns, list) and turns:
+        return float(sum(t.get("reward") or 0.0 for t in turns if isinstance(t, dict)))
+    return float(sum(r for r in record.get("rewards") or [] if isinstance(r, (int, float))))
+
+
+def solved(record: dict[str, Any]) -> bool:
+    """Solved: a positive return (as the trainer's ``eval_success``)."""
+    return episode_reward(record) > 0
+
+
+def pick_samples(records: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """At most ``n`` records, failed and solved alternating (failed first) while both last: a report shows
+    what goes wrong beside what goes right, not only successes."""
+    failed = [r for r in records if not solved(r)]
+    good = [r for r in records if solved(r)]
+    out: list[dict[str, Any]] = []
+    while len(out) < n and (failed or good):
+        for pool in (failed, good):
+            if pool and len(out) < n:
+                out.append(pool.pop(0))
+    return out
 
 
 def png_img(png: bytes, alt: str) -> str:
@@ -95,7 +135,9 @@ def _header(run: RunFiles) -> str:
     if "passed" in s:
         badge = "<span class='pass'>PASS</span>" if s["passed"] else "<span class='fail'>FAIL</span>"
         rows.append(("result", badge))
-    change = eval_change(s)
+    stages = verdict(run).stages
+    # with an SFT stage, the three numbers (SFT may have done all of it); else the summary's before → after
+    change = html.escape(stages_text(stages)) if "after_sft" in dict(stages) else eval_change(s)
     if change:
         rows.append(("eval reward", change))
     steps = s.get("steps", _last(run, "step"))
@@ -125,13 +167,45 @@ def eval_change(summary: dict[str, Any]) -> str:
     return f"{_fmt(before)} → <b>{_fmt(after)}</b>"
 
 
+METRIC_GROUPS = (
+    ("reward", ("reward_mean", "response_len", "reward_group_std", "reward_equal_group_frac")),
+    ("advantages", ("adv_",)),
+    ("policy update", ("loss", "clipfrac", "dual_clipfrac", "ratio_", "approx_kl", "kl")),
+    ("entropy", ("entropy",)),
+    ("gradients", ("grad_norm", "lr")),
+    ("agreement", ("logprob_", "correction/")),
+    ("time", ("time",)),
+)
+"""Groups of the last step's metrics table: a metric goes to the first group with a prefix it starts with."""
+
+
+def metric_groups(row: dict[str, Any]) -> list[tuple[str, list[tuple[str, Any]]]]:
+    """``row``'s metrics (step and phase aside) grouped by :data:`METRIC_GROUPS`; the rest under "other"."""
+    groups: dict[str, list[tuple[str, Any]]] = {name: [] for name, _ in METRIC_GROUPS}
+    groups["other"] = []
+    for k, v in row.items():
+        if k in ("phase", "step"):
+            continue
+        name = next((g for g, prefixes in METRIC_GROUPS if any(k.startswith(p) for p in prefixes)), "other")
+        groups[name].append((k, v))
+    return [(name, items) for name, items in groups.items() if items]
+
+
 def _latest(run: RunFiles) -> str:
-    """The last RL (or SFT) metrics line, so the numbers behind the curves' ends are readable."""
+    """The last RL (or SFT) metrics line as a grouped table, so the numbers behind the curves' ends are readable."""
     for phase in ("rl", "sft"):
         rows = run.phase(phase)
         if rows:
-            items = " · ".join(f"{html.escape(k)} {_fmt(v)}" for k, v in rows[-1].items() if k != "phase")
-            return f"<p style='font-size:13px'>last {phase} step: {items}</p>"
+            body = "".join(
+                f"<tr><td>{html.escape(name)}</td><td>"
+                + " · ".join(f"{html.escape(k)} <b>{_fmt(v)}</b>" for k, v in items)
+                + "</td></tr>"
+                for name, items in metric_groups(rows[-1])
+            )
+            return (
+                f"<h3 style='font-size:14px'>last {phase} step: step {_fmt(rows[-1].get('step'))}</h3>"
+                f"<table class='metrics'>{body}</table>"
+            )
     return ""
 
 
@@ -230,10 +304,22 @@ def _samples(run: RunFiles) -> str:
     if not run.samples:
         return "<h2>Rollouts</h2><p class='warn'>no samples/</p>"
     parts = []
-    for step, strips in sample_strips(run):
-        n = len(run.samples[step])
-        more = f" (showing {len(strips)} of {n})" if n > len(strips) else ""
-        parts.append(f"<h3>step {step}{more}</h3>" + "".join(strips))
+    steps = [step for step, _ in sample_strips(run)]
+    for step in steps:
+        records = run.samples[step]
+        shown = pick_samples(records, MAX_SAMPLES_PER_STEP)
+        n_solved = sum(solved(r) for r in records)
+        columns = "".join(
+            f"<div class='{cls}'><h4>{title} ({count} of {len(records)})</h4>"
+            + ("".join(strip_html(r) for r in shown if solved(r) == want) or "<p>none</p>")
+            + "</div>"
+            for cls, title, count, want in (
+                ("solved", "solved", n_solved, True),
+                ("failed", "failed", len(records) - n_solved, False),
+            )
+        )
+        more = f" (showing {len(shown)} of {len(records)})" if len(records) > len(shown) else ""
+        parts.append(f"<h3>step {step}{more}</h3><div class='samples'>{columns}</div>")
     hidden = len(run.samples) - len(parts)
     note = f"<p>{hidden} other sample step(s) not shown</p>" if hidden > 0 else ""
     return f"<h2>Rollouts</h2>{note}{''.join(parts)}"

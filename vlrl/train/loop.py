@@ -26,6 +26,7 @@ from vlrl.train import distributed as D
 from vlrl.train.config import TrainConfig
 from vlrl.train.experts import expert_for
 from vlrl.train.master import round_masters_
+from vlrl.train.progress import Progress
 from vlrl.train.run import Run
 from vlrl.train.trainer import Trainer
 
@@ -42,6 +43,7 @@ def train(cfg: TrainConfig, on_start: Callable | None = None) -> dict:
     """
     t0 = time.time()
     run = Run(cfg)
+    progress = Progress({"sft": cfg.sft.steps, "rl": cfg.run.steps}, enabled=cfg.run.progress and run.dist.is_main)
     finished = False
     if on_start is not None:
         on_start(run.model)
@@ -52,21 +54,23 @@ def train(cfg: TrainConfig, on_start: Callable | None = None) -> dict:
             write_atomic(run.log.dir / "config.toml", cfg.to_toml())
         state = run.state
         if state.eval_before is None and state.rl_step == state.sft_step == 0:
-            state.eval_before = run.evaluate(0, "before")
+            state.eval_before = evaluate(run, progress, 0, "before")
         if state.sft_step < cfg.sft.steps:
-            sft(run)
+            sft(run, progress)
         every, stop = cfg.run.checkpoint_every, False
+        progress.begin("rl", state.rl_step)
         for step in range(state.rl_step, cfg.run.steps):
-            rl_step(run, step)
+            rl_step(run, step, progress)
             done = step + 1
             if cfg.run.eval_every and done % cfg.run.eval_every == 0 and done < cfg.run.steps:
-                stop = reached(cfg, run.evaluate(done, "during"))
+                stop = reached(cfg, evaluate(run, progress, done, "during"))
             if every and done % every == 0:
                 run.save()
             if stop:
                 break
         sizes = run.log.sizes()  # a resume from the last checkpoint redoes the final evaluation
-        after = run.evaluate(state.rl_step, "after")
+        progress.close()  # a run stopped early (run.stop_at) leaves its RL bar short
+        after = evaluate(run, progress, state.rl_step, "after")
         if cfg.run.image_probe:
             run.probe_images(state.rl_step, "after")
         run.save(log_sizes=sizes)
@@ -84,7 +88,17 @@ def train(cfg: TrainConfig, on_start: Callable | None = None) -> dict:
         finished = True
         return summary
     finally:
+        progress.close()
         run.close(finished)
+
+
+def evaluate(run: Run, progress: Progress | None, step: int, label: str) -> float | None:
+    """:meth:`Run.evaluate`, with its line on the console."""
+    t = time.perf_counter()
+    mean = run.evaluate(step, label)
+    if progress is not None:
+        progress.eval(label, step, mean, len(run.eval_rows), time.perf_counter() - t)
+    return mean
 
 
 def reached(cfg: TrainConfig, reward: float | None) -> bool:
@@ -92,7 +106,7 @@ def reached(cfg: TrainConfig, reward: float | None) -> bool:
     return cfg.run.stop_at is not None and bool(D.broadcast(reward is not None and reward >= cfg.run.stop_at))
 
 
-def rl_step(run: Run, step: int) -> dict:
+def rl_step(run: Run, step: int, progress: Progress | None = None) -> dict:
     cfg = run.cfg
     clock = [time.perf_counter()]  # the step's time split: rollout, train (logprobs, checks, update), sync
     trajs = run.rollout(run.next_rows(cfg.rollout.rows_per_step), seed=cfg.run.seed * 1_000_003 + step)
@@ -113,10 +127,14 @@ def rl_step(run: Run, step: int) -> dict:
     clock.append(time.perf_counter())
     values |= {f"time_{k}_s": round(b - a, 3) for k, a, b in zip(("rollout", "train", "sync"), clock, clock[1:])}
     run.state.rl_step = step + 1
-    return run.log.metrics(step + 1, "rl", values)
+    row = run.log.metrics(step + 1, "rl", values)
+    if progress is not None:
+        tokens = sum(len(t.loss_mask) for t in trajs)  # the response tokens of the step's episodes
+        progress.step("rl", step + 1, row | {"agreement_bound": agree.get("bound")}, tokens=tokens)
+    return row
 
 
-def sft(run: Run) -> None:
+def sft(run: Run, progress: Progress | None = None) -> None:
     """Cross-entropy steps on expert episodes (their own optimizer), then the engine gets the weights.
     With ``run.checkpoint_every`` > 0: a checkpoint every N SFT steps (SFT optimizer included) and one at
     the end of SFT."""
@@ -127,12 +145,17 @@ def sft(run: Run) -> None:
         run.restore_sft_optimizer(sft_trainer.optimizer)
         run.restore_sft_optimizer = None
     every = cfg.run.checkpoint_every
+    if progress is not None:
+        progress.begin("sft", run.state.sft_step)
     for k in range(run.state.sft_step, cfg.sft.steps):
         trajs = run.rollout(run.next_rows(cfg.sft.rows_per_step), seed=k, repeats=1, script=expert)
         refuse_cut(trajs, f"SFT step {k + 1}'s expert episodes")
         values = run.sft_update(sft_trainer, require_batch(run, trajs, f"SFT step {k + 1}"))
         run.state.sft_step = k + 1
         run.log.metrics(k + 1, "sft", values)
+        if progress is not None:
+            reward = sum(t.total_reward for t in trajs) / len(trajs)  # the expert's, not the policy's
+            progress.step("sft", k + 1, values | {"reward_mean": reward}, tokens=sum(len(t.loss_mask) for t in trajs))
         if every and (k + 1) % every == 0 and k + 1 < cfg.sft.steps:
             run.save(optimizer=sft_trainer.optimizer)
     if run.dist.sharded and cfg.optim.master_weights == "float32" and run.dtype != torch.float32 and not cfg.model.lora:
@@ -141,7 +164,7 @@ def sft(run: Run) -> None:
         # with LoRA: there only the adapters train, and peft keeps them fp32 parameters in a plain run too.
         round_masters_(run.model, run.dtype)
     run.sync_weights()
-    run.evaluate(0, "after_sft")
+    evaluate(run, progress, 0, "after_sft")
     if cfg.run.image_probe:
         run.probe_images(0, "after_sft")
     if every:

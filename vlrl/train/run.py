@@ -217,7 +217,7 @@ class Run:
             max_turns=cap_turns(max_turns, r.max_turns),
             mode=r.mode,
             seed=seed,
-            progress=self.cfg.run.progress,
+            progress=False,  # training prints one line per step and one bar per phase (vlrl.train.progress)
         )
 
     def collate(self, trajectories):
