@@ -414,11 +414,16 @@ def _check_names(config: TrainConfig) -> None:
         from vlrl.train.experts import expert_for
 
         name = config.sft.expert or env.split("/")[0]
+        if not config.sft.expert and is_target(env):  # a factory is no expert: name it
+            raise ConfigError(
+                f"sft.expert is not set and data.env = {env!r} is a module:factory; "
+                "give the expert as sft.expert=module:fn (fn(env, row) -> replies) or set sft.steps=0"
+            )
         try:
-            resolve_expert(name, "sft.expert")
+            if config.sft.expert:
+                resolve_expert(name, "sft.expert")
             expert_for(name)
         except EnvError as exc:
             raise ConfigError(str(exc)) from None
         except KeyError as exc:
-            hint = " (give sft.expert=module:fn, fn(env, row) -> replies)" if is_target(env) else ""
-            raise ConfigError(f"sft.expert = {name!r}: {exc.args[0] if exc.args else exc}{hint}") from None
+            raise ConfigError(f"sft.expert = {name!r}: {exc.args[0] if exc.args else exc}") from None
