@@ -92,6 +92,10 @@ def test_dataset_and_rollout_take_module_factory(user_env, tmp_path, capsys):
 
 
 def write_dist(root, entry_points: str) -> None:
+    """An installed package's metadata; vlrl's own registry loads its entry points first, so it never sees these."""
+    from vlrl.envs import registered_envs
+
+    registered_envs()
     dist = root / "quadpkg-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: quadpkg\nVersion: 0.1\n")
@@ -99,6 +103,7 @@ def write_dist(root, entry_points: str) -> None:
 
 
 def test_the_entry_point_group_files_factories_lazily_and_imports_modules(user_env, tmp_path):
+    # user_env put tmp_path on sys.path: importlib.metadata finds the .dist-info there, as after `pip install`
     registrar = tmp_path / f"{user_env}_reg.py"
     registrar.write_text("IMPORTED = True\n")
     write_dist(tmp_path, f"[vlrl.envs]\nquadrant_x = {user_env}:make_env\nreg = {user_env}_reg\n")
@@ -114,3 +119,12 @@ def test_the_entry_point_group_files_factories_lazily_and_imports_modules(user_e
     with pytest.raises(DuplicateNameError, match="quadpkg"):  # an entry point cannot shadow a registered name
         family.add_entry_points("vlrl.envs", _from_entry_point)
     sys.modules.pop(f"{user_env}_reg", None)
+
+
+def test_a_broken_entry_point_names_itself(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    write_dist(tmp_path, "[vlrl.envs]\nbroken = no_such_pkg_xyz.env:make_env\n")
+    family: Registry = Registry("env_class")
+    family.add_entry_points("vlrl.envs", _from_entry_point)  # lazy: nothing imported yet
+    with pytest.raises(EnvError, match=r"entry point vlrl\.envs:broken = 'no_such_pkg_xyz.env:make_env' of quadpkg"):
+        family.get("broken")({}, 0)

@@ -57,10 +57,18 @@ def _ensure_builtins() -> None:
 def _from_entry_point(ep: Any) -> EnvFactory | None:
     """``name = "module:factory"``: an env under ``name``, imported when first made or checked;
     ``name = "module"``: imported now, for the registrations it makes."""
+
+    def load() -> Any:
+        try:
+            return ep.load()
+        except (ImportError, AttributeError) as exc:  # a broken installed package: say which, in one line
+            dist = getattr(getattr(ep, "dist", None), "name", "?")
+            raise EnvError(f"entry point {ENTRY_POINTS}:{ep.name} = {ep.value!r} of {dist}: {exc}") from None
+
     if not ep.attr:
-        importlib.import_module(ep.module)
+        load()
         return None
-    return KeywordFactory(ep.value, ep.load)
+    return KeywordFactory(ep.value, load)
 
 
 def is_target(name: object) -> bool:
