@@ -1,6 +1,7 @@
 """The ``vlrl`` command. Each subcommand lives in its own module, imported only when used,
 so ``vlrl --help`` stays fast. A subcommand module defines ``add_arguments(parser)`` and
-``run(args) -> int``.
+``run(args) -> int``; one that sets ``INTERMIXED = True`` takes its positionals anywhere on the line
+(``vlrl train color_square --report run.out=X``).
 
 Errors: vlrl's own (bad input, env, config, golden files, missing files) end the command with one
 line on stderr — exit status 2 for usage (arguments, config), 1 otherwise. ``--debug`` (anywhere on
@@ -19,11 +20,14 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "build-model": ("vlrl.models.cli", "write a random-init Qwen-VL checkpoint directory (offline)"),
     "generate": ("vlrl.engines.cli", "render a conversation and generate from it with the embedded engine"),
-    "demo": ("vlrl.demo", "the main job: build the tiny model, run an env episode through the engine, write a report"),
+    "demo": ("vlrl.demo", "a smoke run: build the tiny model, play one env episode through the engine, write a report"),
     "dataset": ("vlrl.data.cli", "write train/eval parquet datasets of env tickets or image prompts"),
     "check-env": ("vlrl.checks.cli", "run the env conformance suite on module:factory"),
     "golden": ("vlrl.golden.cli", "regenerate (regen) or verify (check) the golden token / loss-mask files"),
-    "train": ("vlrl.train.cli", "run a training recipe (SFT warm start, GRPO, ...) with key=value overrides"),
+    "train": (
+        "vlrl.train.cli",
+        "the main job (vlrl train color_square --report): run a training recipe with section.key=value overrides",
+    ),
     "rollout": ("vlrl.rollout.cli", "roll out env episodes through a checkpoint and write the trajectories (JSONL)"),
     "report": (
         "vlrl.report.cli",
@@ -52,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="vlrl",
         description="Multi-turn RL post-training for vision-language models, with correctness testable under pytest.",
-        epilog="--debug (anywhere) shows tracebacks instead of one-line errors",
+        epilog="main job: vlrl train color_square --report (writes runs/color_square/report.html). "
+        "--debug (anywhere) shows tracebacks instead of one-line errors",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in SUBCOMMANDS.items():
@@ -68,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     sub_parser = _Parser(prog=f"vlrl {name}", description=SUBCOMMANDS[name][1])
     module.add_arguments(sub_parser)
     try:
-        args = sub_parser.parse_args(rest)  # usage errors: one line and status 2, from argparse itself
+        parse = sub_parser.parse_intermixed_args if getattr(module, "INTERMIXED", False) else sub_parser.parse_args
+        args = parse(rest)  # usage errors: one line and status 2, from argparse itself
     except SystemExit as exc:  # returned, not raised, so main() is callable from tests and scripts
         return exc.code if isinstance(exc.code, int) else USAGE
     try:

@@ -44,6 +44,7 @@ __all__ = [
     "load_image",
     "image_hash",
     "iter_parts",
+    "as_list",
     "validate_messages",
     "prepare_messages",
     "normalize_messages",
@@ -181,11 +182,20 @@ def iter_parts(messages: list[dict[str, Any]]) -> Iterator[tuple[int, int, dict[
 # ---------------------------------------------------------------- validation
 
 
+def as_list(messages: Any) -> Any:
+    """``list(messages)`` for a renderer's sequence argument, except a dict or str, left for
+    :func:`validate_messages` to refuse (``list`` of a dict is its keys: "message 0 is a str")."""
+    return messages if isinstance(messages, (dict, str)) else list(messages)
+
+
 def validate_messages(messages: Any) -> None:
     """Check roles, content shapes, part types and reserved tokens in text; raise :class:`BadInputError`
     naming the culprit. Images are checked for shape here, decoded by :func:`load_image`."""
+    if isinstance(messages, (dict, str)):  # a lone message (or its text) where a conversation belongs
+        hint = " (one message? pass [message])" if isinstance(messages, dict) else ""
+        raise BadInputError(f"messages must be a list of message dicts, got a {type(messages).__name__}{hint}")
     if not isinstance(messages, list) or not messages:
-        raise BadInputError(f"messages must be a non-empty list, got {type(messages).__name__}")
+        raise BadInputError(f"messages must be a non-empty list of message dicts, got {type(messages).__name__}")
     for mi, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise BadInputError(f"message is a {type(msg).__name__}, not a dict", message_index=mi)

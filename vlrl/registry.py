@@ -5,13 +5,14 @@ aggregations, KL estimators, correction levels and modes, in ``vlrl.algos``), en
 (``vlrl.envs.registry``). ``register("name")`` (a decorator) and ``add(name, obj)`` refuse a name
 that is already taken unless told to replace it; ``get(name)`` names the valid choices when asked
 for an unknown one. Callers select by looking up, never through ``if name == ...`` chains.
-Standard library only: ``vlrl.algos`` and ``vlrl.envs`` import it and stay light.
+Installed packages add to a family through an entry-point group (:meth:`Registry.add_entry_points`;
+the envs' is ``vlrl.envs``). Standard library only: ``vlrl.algos`` and ``vlrl.envs`` import it and stay light.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -54,6 +55,30 @@ class Registry(Generic[T]):
             return self.add(name, obj, replace=replace)
 
         return deco
+
+    def add_entry_points(self, group: str, adapt: Callable[[Any], T | None]) -> list[str]:
+        """File each installed entry point of ``group`` as ``adapt(entry_point)`` under its name (``None``: the
+        adapter handled it itself, e.g. imported a module that registers on import); returns the names filed.
+
+        An entry point never replaces a name already taken (a package cannot shadow a built-in): that is a
+        :class:`DuplicateNameError` naming the distribution.
+        """
+        from importlib.metadata import entry_points
+
+        filed = []
+        for ep in entry_points(group=group):
+            obj = adapt(ep)
+            if obj is None:
+                continue
+            dist = getattr(getattr(ep, "dist", None), "name", "?")
+            if ep.name in self._items:
+                raise DuplicateNameError(
+                    f"{self.kind} {ep.name!r} from entry point {group}:{ep.name} of {dist} is already registered "
+                    f"(by {_describe(self._items[ep.name])})"
+                )
+            self.add(ep.name, obj)
+            filed.append(ep.name)
+        return filed
 
     def remove(self, name: str) -> None:
         """Forget ``name`` (no error if absent): tests that register on the fly clean up with this."""

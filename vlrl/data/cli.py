@@ -16,7 +16,9 @@ PROMPT_ENVS = ("geometry",)  # envs whose rows carry their prompt (and ground tr
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--env", required=True, help="registered env class, e.g. maze2d/easy")
+    parser.add_argument(
+        "--env", required=True, help="registered env class (maze2d/easy) or module:factory (rows carry that string)"
+    )
     parser.add_argument("--train", type=count(0), default=256, help="train rows (default 256)")
     parser.add_argument("--eval", type=count(0), default=64, help="eval rows, seeds 0..N-1 (default 64)")
     parser.add_argument("--out", required=True, type=Path, help="output folder")
@@ -50,11 +52,13 @@ def run(args: argparse.Namespace) -> int:
     from vlrl.data.tickets import build_splits
     from vlrl.envs import make_env
     from vlrl.envs.gym_adapter import quiet_sdl
+    from vlrl.envs.registry import resolve_env
 
     quiet_sdl()
     extras = args.extras
     with_prompts = args.env in PROMPT_ENVS if args.with_prompts is None else args.with_prompts
     train_seed = secrets.randbits(31) if args.train_seed is None else args.train_seed
+    env_usage(f"--env {args.env}", lambda: resolve_env(args.env, "--env"))  # module:factory: imported here only
     env_usage(f"--env {args.env}", lambda: make_env(args.env, extras, 0).close())  # now, not at train time
     splits = build_splits(
         args.env, args.train, args.eval, extras=extras, with_prompts=with_prompts, train_seed=train_seed

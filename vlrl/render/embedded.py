@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from vlrl.errors import BadInputError
 from vlrl.image_decode import ImageLimits
-from vlrl.messages import RESERVED_IN_TEXT, prepare_messages
+from vlrl.messages import RESERVED_IN_TEXT, as_list, prepare_messages
 from vlrl.openmp import limit_openmp_here
 from vlrl.render.pixel_runs import PixelRuns
 from vlrl.render.prefix_ids import PrefixIds
@@ -112,7 +112,8 @@ class EmbeddedRenderer:
         add_generation_prompt: bool = True,
         tools: Sequence[dict[str, Any]] | None = None,
     ) -> RenderedPrompt:
-        prepared = prepare_messages(list(messages), limits=self.limits, copy_images=False)  # the processor only reads
+        # copy_images=False: the processor only reads
+        prepared = prepare_messages(as_list(messages), limits=self.limits, copy_images=False)
         pixels, grid = self._vision(prepared.images, prepared.hashes)
         with self._text_lock:  # a fast tokenizer refuses calls from two threads at once ("Already borrowed")
             text = self._apply_template(_template_messages(prepared.messages), add_generation_prompt, tools)

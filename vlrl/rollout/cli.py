@@ -18,7 +18,12 @@ from vlrl.cli import count, env_usage, json_object, non_negative_float
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--env", default="color_square", help="env class for ticket rows (ignored with --data)")
+    parser.add_argument(
+        "--env",
+        default="color_square",
+        help="env class for ticket rows: a registered name or module:factory (with --data: imported, so rows "
+        "whose env_class is that module:factory can be made)",
+    )
     parser.add_argument(
         "--extras",
         type=json_object,
@@ -49,7 +54,9 @@ def rows_of(args: argparse.Namespace) -> list:
     from vlrl.data.rows import read_rows
     from vlrl.data.tickets import make_rows
     from vlrl.envs import make_env
+    from vlrl.envs.registry import resolve_env
 
+    env_usage(f"--env {args.env}", lambda: resolve_env(args.env, "--env"))  # module:factory: imported here only
     if args.data:
         if not Path(args.data).is_file():
             raise FileNotFoundError(f"--data {args.data}: no such file")

@@ -1,7 +1,8 @@
 """``vlrl train <recipe|file.toml> [section.key=value ...]``: run a training recipe.
 
-    vlrl train color_square                       # the tiny CPU recipe (vlrl/recipes/color_square.toml)
-    vlrl train color_square run.steps=5 sft.steps=10 run.out=/tmp/run
+    vlrl train color_square --report              # the main job: the tiny CPU recipe and its report.html
+    vlrl train color_square run.steps=5 sft.steps=10 run.out=/tmp/run   # overrides go anywhere on the line
+    vlrl train color_square data.env=my_envs:make_env sft.expert=my_envs:expert   # your own env (module:factory)
     vlrl train --help-config                      # every key, with its help
     vlrl train color_square --nproc 2             # FSDP2 over 2 processes: torchrun --nproc-per-node 2 -m vlrl train …
 
@@ -19,10 +20,14 @@ import sys
 
 from vlrl.errors import UsageError
 
+INTERMIXED = True  # overrides after --report too (vlrl.cli)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", nargs="?", default="color_square", help="recipe name or TOML path")
-    parser.add_argument("overrides", nargs="*", help="section.key=value overrides")
+    parser.add_argument(
+        "overrides", nargs="*", help="section.key=value overrides (anywhere on the line; true/false for booleans)"
+    )
     parser.add_argument("--help-config", action="store_true", help="print every config key with its help")
     parser.add_argument("--report", action="store_true", help="write <run>/report.html at the end")
     parser.add_argument(
@@ -40,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     if args.help_config:
         print(config_help())
         return 0
+    if "=" in args.recipe:  # `vlrl train run.steps=5`: an override, the recipe left at its default
+        args.overrides, args.recipe = [args.recipe, *args.overrides], "color_square"
     cfg = load_config(args.recipe, args.overrides)  # refused here, before any process starts
     if args.nproc is not None and "LOCAL_RANK" not in os.environ:
         return torchrun(args)

@@ -97,9 +97,10 @@ class ModelSection:
 @dataclass(frozen=True)
 class DataSection:
     env: str = "color_square"
-    """Env class of the train and eval rows."""
+    """Env class of the train and eval rows: a registered name, or module:factory (factory(seed, **extras) -> Env,
+    imported by the config; the rows then carry that string)."""
     extras: dict = field(default_factory=dict)
-    """Env extras for every row."""
+    """Env extras for every row (a module:factory env takes them as keyword arguments, checked at config time)."""
     train_rows: int = 512
     """Train rows (seeds drawn from run.seed); the stream cycles through them."""
     eval_rows: int = 64
@@ -193,7 +194,8 @@ class SFTSection:
     lr: float = 1e-3
     """SFT learning rate (its own AdamW, dropped before RL)."""
     expert: str = ""
-    """Expert policy (vlrl.train.experts): maze2d, color_square, color_square/format, geometry; "" = by env."""
+    """Expert policy (vlrl.train.experts): maze2d, color_square, color_square/format, geometry, or module:fn
+    (fn(env, row) -> replies); "" = by env."""
 
     def __post_init__(self) -> None:
         _check(self.steps >= 0, "sft.steps", self.steps, "must be >= 0")
@@ -376,7 +378,8 @@ def build_config(raw: dict, default_name: str = "run") -> TrainConfig:
 def _check_names(config: TrainConfig) -> None:
     """Names that live in registries (the env class, the SFT expert when SFT runs) and paths that must
     exist (a checkpoint to train, one to resume from): checked before any model loads."""
-    from vlrl.envs.registry import registered_envs
+    from vlrl.envs.contract import EnvError
+    from vlrl.envs.registry import check_env_extras, is_target, registered_envs, resolve_env, resolve_expert
 
     if config.model.path is not None and not Path(config.model.path).is_dir():
         raise ConfigError(f"model.path = {config.model.path!r}: no such checkpoint directory")
@@ -388,13 +391,39 @@ def _check_names(config: TrainConfig) -> None:
         )
 
     env = config.data.env
-    if env not in registered_envs() and not env.startswith("gym/"):
-        raise ConfigError(f"data.env = {env!r}: unknown env; registered: {', '.join(registered_envs())}")
+    try:
+        resolve_env(env, "data.env")  # module:factory is imported here, by the config, never by a row
+        if env not in registered_envs() and not env.startswith("gym/"):
+            raise ConfigError(
+                f"data.env = {env!r}: unknown env; registered: {', '.join(registered_envs())} "
+                "(or give module:factory, factory(seed, **extras) -> Env)"
+            )
+        check_env_extras(env, config.data.extras)
+    except EnvError as exc:
+        text = str(exc)
+        raise ConfigError(text if text.startswith("data.env") else f"data.env = {env!r}: {text}") from None
+    lora = config.model.lora
+    if lora is not None:
+        unknown = sorted(set(lora.targets) - set(LORA_TARGETS))
+        if unknown:  # every Qwen-VL arch names its language-model linear layers the same: no need to load one
+            raise ConfigError(
+                f"model.lora.targets = {lora.targets}: {unknown} not a language-model linear layer of "
+                f"{config.model.arch}; valid: {', '.join(LORA_TARGETS)}"
+            )
     if config.sft.steps > 0:
         from vlrl.train.experts import expert_for
 
         name = config.sft.expert or env.split("/")[0]
+        if not config.sft.expert and is_target(env):  # a factory is no expert: name it
+            raise ConfigError(
+                f"sft.expert is not set and data.env = {env!r} is a module:factory; "
+                "give the expert as sft.expert=module:fn (fn(env, row) -> replies) or set sft.steps=0"
+            )
         try:
+            if config.sft.expert:
+                resolve_expert(name, "sft.expert")
             expert_for(name)
+        except EnvError as exc:
+            raise ConfigError(str(exc)) from None
         except KeyError as exc:
             raise ConfigError(f"sft.expert = {name!r}: {exc.args[0] if exc.args else exc}") from None

@@ -50,7 +50,13 @@ def build_table(cls, values: dict, where: str):
         raise ConfigError(f"[{where}] {exc.args[0] if exc.args else exc}") from None
 
 
+BOOLS = {"true": True, "false": False}
+"""TOML's spelling of booleans, as vlrl's own messages write them (``run.image_probe=true``); Python's works too."""
+
+
 def parse_value(text: str) -> Any:
+    if text in BOOLS:
+        return BOOLS[text]
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):

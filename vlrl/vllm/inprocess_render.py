@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vlrl.image_decode import ImageLimits
-from vlrl.messages import prepare_messages
+from vlrl.messages import as_list, prepare_messages
 from vlrl.render.types import PlaceholderRange, RenderedPrompt
 from vlrl.vllm.capabilities import VllmCapabilities, VllmUnsupportedError
 from vlrl.vllm.config import VllmServerError
@@ -53,7 +53,7 @@ class InprocessRenderer:
         tools: Sequence[dict[str, Any]] | None = None,
         route_key: Any = None,
     ) -> RenderedPrompt:
-        prepared = prepare_messages(list(messages), limits=self.limits)
+        prepared = prepare_messages(as_list(messages), limits=self.limits)
         kw = {"add_generation_prompt": add_generation_prompt, "tools": list(tools) if tools else None}
         rendered = self.run(lambda: self.llm._preprocess_chat_one(prepared.messages, **kw))
         ids = tuple(int(t) for t in rendered["prompt_token_ids"])

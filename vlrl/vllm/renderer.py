@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vlrl.image_decode import ImageLimits
-from vlrl.messages import PreparedMessages, prepare_messages
+from vlrl.messages import PreparedMessages, as_list, prepare_messages
 from vlrl.render.types import PlaceholderRange, RenderedPrompt, Renderer
 from vlrl.vllm.capabilities import VllmCapabilities
 from vlrl.vllm.client import RENDER, VllmClient, require
@@ -106,7 +106,7 @@ class VllmRenderer:
     ) -> RenderedPrompt:
         # Validated and normalised exactly as the embedded renderer does (every accepted image-part form
         # becomes one canonical data-URI part, decoded once): the server only ever sees canonical parts.
-        prepared = prepare_messages(list(messages), limits=self.limits)
+        prepared = prepare_messages(as_list(messages), limits=self.limits)
         body = self._body(prepared, add_generation_prompt, tools)
         caps = await self.client.acapabilities()
         url, data, _ = await self.client.post_any(
@@ -122,7 +122,7 @@ class VllmRenderer:
         tools: Sequence[dict[str, Any]] | None = None,
     ) -> dict:
         """The JSON body ``render`` posts for ``messages`` (benchmarks time the route with it)."""
-        return self._body(prepare_messages(list(messages), limits=self.limits), add_generation_prompt, tools)
+        return self._body(prepare_messages(as_list(messages), limits=self.limits), add_generation_prompt, tools)
 
     def _body(self, prepared: PreparedMessages, add_generation_prompt: bool, tools) -> dict:
         body: dict[str, Any] = {
