@@ -216,7 +216,7 @@ def _ipc_tensor(item: dict, where: str) -> Any:
         item["storage_size_bytes"],
         item["storage_offset_bytes"],
         False,
-        _bytes(item, "ref_counter_handle", where),
+        _bytes(item, "ref_counter_handle", where, optional=True),
         item["ref_counter_offset"],
         _bytes(item, "event_handle", where, optional=True),
         bool(_field(item, "event_sync_required", bool, where)),
