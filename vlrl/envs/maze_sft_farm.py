@@ -14,8 +14,9 @@ faster in that budget. A step beside 10 workers took 1.53 s at easy against 1.34
 Each worker holds its own renderer, built from the model's directory by the same ``EmbeddedRenderer.from_pretrained``
 the run's engine uses (the same code, so the same ids and pixels), plays the expert's episodes through the rollout
 path without an engine, collates them with the run's :class:`~vlrl.train.batch.CollateSpec` and hands the
-:class:`~vlrl.train.batch.Batch` back through a spool file (``torch.save``; the parent maps it and unlinks it: no
-pickling of ~1.5 GB of pixels per batch through a pipe). The spool lives in ``/dev/shm`` when it has room, else in
+:class:`~vlrl.train.batch.Batch` back through a spool file (``torch.save`` of tensors and plain values only, loaded
+with ``weights_only=True``: a spool file never unpickles code; the parent maps it and unlinks it: no pickling of
+~1.5 GB of pixels per batch through a pipe). The spool lives in ``/dev/shm`` when it has room, else in
 the temp directory. Workers are spawned (not forked: the parent holds CUDA) and run torch on one thread each;
 spawning re-imports the launching script, so a script that fills the pool this way needs the
 ``if __name__ == "__main__":`` guard (``benchmarks/maze_curriculum.py`` has it). A parent killed outright (SIGKILL, the
@@ -107,11 +108,9 @@ class ExpertFarm:
 
     def load(self, future: Future):
         """The finished batch of ``future`` (memory-mapped from its spool file, which is removed)."""
-        import torch
-
         path = future.result()
         try:
-            return torch.load(path, mmap=True, weights_only=False)
+            return load_spool(path)
         finally:
             os.unlink(path)
 
@@ -172,8 +171,6 @@ def _build(
     prefixes: dict | None,
     pick: tuple[int, float] | None = None,
 ) -> str:
-    import torch
-
     from vlrl.envs.maze_sft_data import expert_episodes
     from vlrl.train.loop import require_batch
 
@@ -181,10 +178,44 @@ def _build(
     try:
         trajs = expert_episodes(run, rows, seed, masked=masked, prefixes=prefixes, pick=pick)
         batch = require_batch(run, trajs, what)
-        torch.save(batch, path)
+        save_spool(batch, path)
     finally:
         _release()
     return path
+
+
+SPOOL_FORMAT = "vlrl-sft-batch/1"
+
+
+def save_spool(batch: Any, path: str) -> None:
+    """``batch`` (a :class:`~vlrl.train.batch.Batch`) as a dict of its fields: tensors, ``None``, str, float and
+    the engine's top-k as a dict, which ``torch.load(weights_only=True)`` reads back without unpickling a class."""
+    import torch
+
+    fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+    top = fields["engine_topk"]
+    fields["engine_topk"] = None if top is None else {f.name: getattr(top, f.name) for f in dataclasses.fields(top)}
+    fields["uids"] = list(fields["uids"])
+    fields["temperature"] = float(fields["temperature"])
+    torch.save({"format": SPOOL_FORMAT, "batch": fields}, path)
+
+
+def load_spool(path: str) -> Any:
+    """The :class:`~vlrl.train.batch.Batch` :func:`save_spool` wrote (memory-mapped); anything but tensors and plain
+    containers in the file is refused by ``weights_only=True`` before it can run."""
+    import torch
+
+    from vlrl.train.batch import Batch, EngineTopK
+
+    doc = torch.load(path, mmap=True, weights_only=True)
+    if not isinstance(doc, dict) or doc.get("format") != SPOOL_FORMAT:
+        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise ValueError(f"{path}: spool format {got!r}, not {SPOOL_FORMAT!r}")
+    fields = dict(doc["batch"])
+    top = fields["engine_topk"]
+    fields["engine_topk"] = None if top is None else EngineTopK(**top)
+    fields["uids"] = tuple(fields["uids"])
+    return Batch(**fields)
 
 
 TRIM_ABOVE = 1 << 30

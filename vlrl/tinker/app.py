@@ -2,7 +2,9 @@
 
 - Every route but ``healthz`` needs ``X-API-Key`` equal to the server's key (the SDK sends
   ``TINKER_API_KEY`` there; it must start with ``tml-``).
-- Bodies larger than ``max_body_bytes`` are refused (413), before and after zstd decompression.
+- Bodies larger than ``max_body_bytes`` are refused (413) as they stream in: a declared ``Content-Length`` over the
+  limit before any byte is read, a chunked body as soon as what was read passes it (the rest is never read); and
+  again after zstd decompression.
 - ``forward_backward`` takes protobuf only (what SDK ≥ 0.25 sends), zstd or not.
 - ``retrieve_future`` long-polls (up to ``long_poll_s``) and then answers ``{"type": "try_again"}``;
   ``SampleResponse`` / ``ForwardBackwardOutput`` results go out as protobuf (the SDK accepts nothing else).
@@ -50,6 +52,9 @@ def build_app(service: Service, api_key: str, *, max_body_bytes: int = 256 << 20
     from fastapi import FastAPI
 
     app = FastAPI(title="vlrl tinker-serve", docs_url=None, redoc_url=None, openapi_url=None)
+    # Inside the guard's middleware (added after, so outside): a receive that raises within a BaseHTTPMiddleware's
+    # task group reaches the exception handlers wrapped in an ExceptionGroup (a 500), not as itself.
+    app.add_middleware(_BodyLimit, limit=max_body_bytes)
     _guard(app, api_key.encode(), max_body_bytes)
     _info_routes(app, service, max_body_bytes)
     _work_routes(app, service, max_body_bytes)
@@ -64,10 +69,13 @@ def build_app(service: Service, api_key: str, *, max_body_bytes: int = 256 << 20
     return app
 
 
-def _error(status: int, message: str):
+def _error(status: int, message: str, *, close: bool = False):
+    """``close``: end the connection after the answer, so the rest of a refused body is never read (uvicorn
+    would otherwise read and discard it to keep the connection alive)."""
     from fastapi.responses import JSONResponse
 
-    return JSONResponse({"detail": message, "error": message}, status_code=status)
+    headers = {"Connection": "close"} if close else None
+    return JSONResponse({"detail": message, "error": message}, status_code=status, headers=headers)
 
 
 def _guard(app, expected: bytes, max_body_bytes: int) -> None:
@@ -81,9 +89,17 @@ def _guard(app, expected: bytes, max_body_bytes: int) -> None:
             if not hmac.compare_digest(got, expected):
                 return _error(401, "missing or wrong X-API-Key (set TINKER_API_KEY to this server's key)")
         size = request.headers.get("content-length")
+        if size is not None and not size.strip().isdigit():
+            return _error(400, f"Content-Length {size!r} is not a number of bytes", close=True)
         if size is not None and int(size) > max_body_bytes:
-            return _error(413, f"request body of {size} bytes is over this server's limit of {max_body_bytes}")
+            return _error(
+                413, f"request body of {size} bytes is over this server's limit of {max_body_bytes}", close=True
+            )
         return await call_next(request)
+
+    @app.exception_handler(BodyTooLargeError)
+    async def too_large(request: Request, exc: BodyTooLargeError):
+        return _error(413, str(exc), close=True)
 
     @app.exception_handler(BadInputError)
     async def bad_input(request: Request, exc: BadInputError):
@@ -92,6 +108,35 @@ def _guard(app, expected: bytes, max_body_bytes: int) -> None:
     @app.exception_handler(UnknownIdError)
     async def unknown(request: Request, exc: UnknownIdError):
         return _error(404, str(exc.args[0]))
+
+
+class BodyTooLargeError(BadInputError):
+    """A request body passed the server's limit while it was being read (answered 413)."""
+
+
+class _BodyLimit:
+    """ASGI middleware: counts a request's body as the app reads it and raises :class:`BodyTooLargeError` the
+    moment it passes ``limit``, so a chunked body (no length up front) is never read past the limit; the server
+    stops reading (uvicorn pauses the socket while the app is not receiving) and closes after the 413."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise BodyTooLargeError(f"request body over this server's limit of {self.limit} bytes")
+            return message
+
+        return await self.app(scope, limited, send)
 
 
 async def _body_json(request, limit: int) -> dict[str, Any]:
