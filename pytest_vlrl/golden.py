@@ -5,7 +5,16 @@
 - ``--vlrl-regen-all``: every golden the run checks is rewritten, and the tests pass.
 
 At the end of a run that checked goldens, files under the golden folder that no test used are
-listed in the terminal summary.
+listed in the terminal summary (outside vlrl's checkout, vlrl's own built-in goldens are not: they
+belong to vlrl, and are only counted).
+
+Your project's scenarios (:class:`vlrl.golden.Scenario`)::
+
+    @pytest.mark.parametrize("scenario", SCENARIOS, ids=str)
+    def test_golden(vlrl_golden, scenario):
+        vlrl_golden.check_scenario(scenario)
+
+A differing file fails naming the command that rewrites that one file.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import pytest
 
 USED = pytest.StashKey[set]()
 DIFFS = pytest.StashKey[str]()
+RENDERERS = pytest.StashKey[dict]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -51,7 +61,27 @@ class Golden:
         self.node = request.node
         self.root = golden_root(request.config)
 
-    def check(self, relpath: str, actual: str) -> None:
+    def check_scenario(self, scenario) -> None:
+        """Play ``scenario`` (a :class:`vlrl.golden.Scenario`) and compare it with ``<golden>/<arch>/<name>.golden``."""
+        from vlrl.golden.user import Scenario, module_of, regen_command, render_user_scenario, renderer_for
+
+        if not isinstance(scenario, Scenario):
+            raise TypeError(f"check_scenario takes a vlrl.golden.Scenario, not a {type(scenario).__name__}")
+        renderers = self.config.stash.setdefault(RENDERERS, {})
+        if scenario.arch not in renderers:
+            renderers[scenario.arch] = renderer_for(scenario.arch, self.config.getoption("vlrl_model_cache"))
+        renderer, context = renderers[scenario.arch]
+        folder = self.config.getini("vlrl_golden_dir")
+        module = module_of(scenario)
+        fix = f"`{regen_command(module, scenario.name, folder)}` or `{self.pytest_fix()}`"
+        self.check(scenario.relpath, render_user_scenario(scenario, renderer, context), fix=fix)
+
+    def pytest_fix(self) -> str:
+        return f"pytest --vlrl-update-golden '{self.node.nodeid}'"
+
+    def check(self, relpath: str, actual: str, fix: str | None = None) -> None:
+        """``fix``: the command(s) that rewrite this file, named when it differs (default: the pytest flag
+        on this test)."""
         from vlrl.golden.files import golden_diff
 
         path = self.root / relpath
@@ -71,8 +101,8 @@ class Golden:
         if self.config.getoption("vlrl_update_golden"):
             pytest.fail(f"golden file {relpath} rewritten; review the change:\n{diff}", pytrace=False)
         pytest.fail(
-            f"golden file {relpath} differs (regenerate with `vlrl golden regen` or "
-            f"--vlrl-update-golden, then read the diff):\n{diff}",
+            f"golden file {relpath} differs; if the change is intended, rewrite it with "
+            f"{fix or '`' + self.pytest_fix() + '`'} and read the diff:\n{diff}",
             pytrace=False,
         )
 
@@ -83,11 +113,37 @@ def vlrl_golden(request: pytest.FixtureRequest) -> Golden:
 
 
 def unused_goldens(config: pytest.Config) -> list[Path]:
+    """Golden files no test of this run used; outside vlrl's checkout, vlrl's own built-ins are left out."""
     used = config.stash.get(USED, set())
     root = golden_root(config)
     if not used or not root.is_dir():
         return []
-    return sorted(p for p in root.rglob("*.golden") if p.resolve() not in used)
+    unused = sorted(p for p in root.rglob("*.golden") if p.resolve() not in used)
+    if in_vlrl_checkout(config):
+        return unused
+    return [p for p in unused if not is_builtin_golden(p)]
+
+
+def in_vlrl_checkout(config: pytest.Config) -> bool:
+    import vlrl
+
+    return Path(config.rootpath).resolve() == Path(vlrl.__file__).resolve().parents[1]
+
+
+def is_builtin_golden(path: Path) -> bool:
+    """A file of vlrl's own scenarios (``<arch>/<name>.golden`` with the built-in header), e.g. one an old
+    ``vlrl golden regen`` wrote into a user's folder."""
+    from vlrl.golden.scenarios import SCENARIOS
+
+    sc = SCENARIOS.get(path.stem)
+    if sc is None:
+        return False
+    try:
+        with path.open(encoding="utf-8") as f:
+            first = f.readline().rstrip("\n")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return first == f"# vlrl golden file: {path.parent.name} / {sc.name} — {sc.description}"
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:

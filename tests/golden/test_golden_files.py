@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_golden(tiny, vlrl_golden, arch, scenario):
     bundle = tiny(arch)
     vlrl_golden.check(
-        f"{arch}/{scenario}.golden", render_scenario(arch, scenario, bundle.renderer, bundle.engine.max_context)
+        f"{arch}/{scenario}.golden",
+        render_scenario(arch, scenario, bundle.renderer, bundle.engine.max_context),
+        fix=f"`vlrl golden regen --arch {arch} --scenario {scenario}`",
     )
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vlrl.errors import VlrlError
-from vlrl.golden.scenarios import SCENARIOS, Scenario, register_scenario_envs
+from vlrl.golden.scenarios import SCENARIOS, ScriptedEpisode, register_scenario_envs
 from vlrl.render.types import Renderer
 from vlrl.rollout.types import Trajectory
 
@@ -25,7 +25,7 @@ def golden_path(root: str | Path, arch: str, scenario: str) -> Path:
     return Path(root) / arch / f"{scenario}.golden"
 
 
-def play(scenario: Scenario, renderer: Renderer, max_context: int, tokenizer: Any = None) -> Trajectory:
+def play(scenario: ScriptedEpisode, renderer: Renderer, max_context: int, tokenizer: Any = None) -> Trajectory:
     """The scenario's scripted episode through ``renderer`` (no engine: the script is the policy), in a
     context of ``max_context`` tokens (the model's; a scenario may set a smaller one)."""
     from vlrl.rollout.generator import RolloutConfig, RolloutGenerator
@@ -57,13 +57,17 @@ def _token_rows(traj, tokenizer, pad_id: int) -> list[str]:
     return rows
 
 
-def format_golden(traj, tokenizer, arch: str, scenario: Scenario) -> str:
-    """The golden text of ``traj`` (deterministic: same trajectory, same bytes)."""
+BUILTIN_REGEN_LINE = "# Regenerate with `vlrl golden regen`; read the diff before committing."
+
+
+def format_golden(traj, tokenizer, arch: str, scenario: ScriptedEpisode, regen_line: str = BUILTIN_REGEN_LINE) -> str:
+    """The golden text of ``traj`` (deterministic: same trajectory, same bytes); ``regen_line``: the header's
+    second line, the command that rewrites the file."""
     pad_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
     masked = sum(traj.loss_mask)
     head = [
         f"# vlrl golden file: {arch} / {scenario.name} — {scenario.description}",
-        "# Regenerate with `vlrl golden regen`; read the diff before committing.",
+        regen_line,
         f"arch: {arch}",
         f"scenario: {scenario.name}",
         f"stop_reason: {traj.stop_reason}",
@@ -95,7 +99,8 @@ class GoldenFormatError(VlrlError, ValueError):
     def __init__(self, path: str | Path | None, line: int, what: str):
         self.path, self.line = path, line
         super().__init__(
-            f"{path or 'golden file'}:{line}: {what} (corrupt or truncated; `vlrl golden regen` rewrites it)"
+            f"{path or 'golden file'}:{line}: {what} "
+            "(corrupt or truncated; regenerate it with the command in its second line)"
         )
 
 

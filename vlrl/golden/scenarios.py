@@ -17,8 +17,9 @@ MULTI_IMAGE_ENV = "golden/multi_image"
 
 
 @dataclass(frozen=True)
-class Scenario:
-    """One golden episode: ``row`` played with ``script`` under ``sampling`` (stop strings, budget)."""
+class ScriptedEpisode:
+    """One golden episode: ``row`` played with ``script`` under ``sampling`` (stop strings, budget).
+    vlrl's built-ins are these; a user's project writes :class:`vlrl.golden.Scenario` instead."""
 
     name: str
     description: str
@@ -37,35 +38,35 @@ GEOMETRY_SCRIPT = (
 )
 MAZE_SCRIPT = ("<action>left</action>", "Going up: <action>up</action>", "<action>down</action>")
 
-SCENARIOS: dict[str, Scenario] = {
+SCENARIOS: dict[str, ScriptedEpisode] = {
     s.name: s
     for s in (
-        Scenario(
+        ScriptedEpisode(
             "single_image",
             "color_square: one image, one answer",
             {"prompt": None, "env_class": "color_square", "extras": {}, "seed": 7},
             ("<answer>red</answer>",),
         ),
-        Scenario(
+        ScriptedEpisode(
             "multi_image",
             "three images of different sizes in one user message",
             {"prompt": None, "env_class": MULTI_IMAGE_ENV, "extras": {}, "seed": 0},
             ("The second one.",),
         ),
-        Scenario(
+        ScriptedEpisode(
             "maze2d_multi_turn",
             "maze2d/easy: three moves, an image back after each",
             {"prompt": None, "env_class": "maze2d/easy", "extras": {}, "seed": 0},
             MAZE_SCRIPT,
             max_turns=3,
         ),
-        Scenario(
+        ScriptedEpisode(
             "geometry_tool_calls",
             "geometry: two calc_score tool calls with text feedback, then an answer",
             {"prompt": None, "env_class": "geometry", "extras": {}, "seed": 5},
             GEOMETRY_SCRIPT,
         ),
-        Scenario(
+        ScriptedEpisode(
             "stop_string_eos",
             "maze2d/easy with stop string </action>: replies cut there, end of turn appended",
             {"prompt": None, "env_class": "maze2d/easy", "extras": {}, "seed": 0},
@@ -73,7 +74,7 @@ SCENARIOS: dict[str, Scenario] = {
             sampling=SamplingParams(max_tokens=128, stop=("</action>",)),
             max_turns=2,
         ),
-        Scenario(
+        ScriptedEpisode(
             "context_truncation",
             "maze2d/easy with a 350-token context: the second observation does not fit",
             {"prompt": None, "env_class": "maze2d/easy", "extras": {}, "seed": 0},
