@@ -1,7 +1,7 @@
 """quadrant: which quadrant of the image is the dot in? A user's env module, written against vlrl's env contract.
 
 Frame: ``[image_size, image_size, 3]`` uint8, white, one black disc (the "dot") of radius ``dot_radius`` drawn
-wholly inside one of the four quadrants; with ``tinted`` each quadrant has its own pale background (why:
+wholly inside one of the four quadrants; with ``tinted`` each quadrant has its own background colour (why:
 docs/why-didnt-it-learn.md). One turn: the policy answers ``top-left``, ``top-right``,
 ``bottom-left`` or ``bottom-right`` (bare, or inside ``<answer>...</answer>``; the last tag wins); reward 1 if
 right, else 0.
@@ -27,8 +27,8 @@ from vlrl.envs.contract import EnvError, EpisodeDoneError, Message, StepResult, 
 from vlrl.messages import image_part, user_message
 
 QUADRANTS = ("top-left", "top-right", "bottom-left", "bottom-right")
-TINTS = ((255, 190, 190), (190, 255, 190), (190, 190, 255), (255, 240, 170))
-"""Pale backgrounds of top-left, top-right, bottom-left, bottom-right with ``tinted`` on."""
+TINTS = ((220, 30, 30), (30, 170, 40), (30, 60, 220), (240, 210, 20))
+"""Backgrounds (color_square's palette) of top-left, top-right, bottom-left, bottom-right with ``tinted`` on."""
 PROMPT = "Which quadrant of the image is the dot in? Answer with one of: " + ", ".join(QUADRANTS) + "."
 _TAG = re.compile(r"<answer>\s*([a-z-]{1,20})\s*</answer>", re.IGNORECASE)
 
@@ -64,7 +64,7 @@ class QuadrantEnv:
         cx = col0 + int(self.rng.integers(r, half - r))
         yy, xx = np.mgrid[0:n, 0:n]
         frame = np.full((n, n, 3), 255, dtype=np.uint8)
-        if self.tinted:  # each quadrant its own pale background: where the dot is becomes what colour it covers
+        if self.tinted:  # each quadrant its own background colour: where the dot is becomes what colour it covers
             for q, tint in enumerate(TINTS):
                 frame[(q // 2) * half : (q // 2 + 1) * half, (q % 2) * half : (q % 2 + 1) * half] = tint
         frame[(yy - cy) ** 2 + (xx - cx) ** 2 <= r * r] = 0
