@@ -48,7 +48,9 @@ class QuadrantEnv:
 
     def __init__(self, seed: int | None, image_size: int = 128, dot_radius: int = 4, tinted: bool = False):
         if not (1 <= dot_radius and 4 * dot_radius + 2 <= image_size):
-            raise EnvError(f"quadrant: need 1 <= dot_radius and 4 * dot_radius + 2 <= image_size, got {dot_radius}, {image_size}")
+            raise EnvError(
+                f"quadrant: need 1 <= dot_radius and 4 * dot_radius + 2 <= image_size, got {dot_radius}, {image_size}"
+            )
         self.rng = np.random.default_rng(seed)
         self.image_size, self.dot_radius, self.tinted = int(image_size), int(dot_radius), bool(tinted)
         self.quadrant: int | None = None
@@ -88,7 +90,9 @@ class QuadrantEnv:
         self.done = True
 
 
-def make_env(seed: int | None = None, *, image_size: int = 128, dot_radius: int = 4, tinted: bool = False) -> QuadrantEnv:
+def make_env(
+    seed: int | None = None, *, image_size: int = 128, dot_radius: int = 4, tinted: bool = False
+) -> QuadrantEnv:
     """The factory: ``make_env(seed, **extras) -> env`` (``vlrl check-env quadrant_env:make_env`` calls
     ``make_env(seed)``; a training row's extras arrive as the keywords)."""
     return QuadrantEnv(seed, int(image_size), int(dot_radius), bool(tinted))

@@ -1,6 +1,6 @@
 """Train the quadrant env through vlrl's Python API (until ``vlrl train`` takes ``data.env=module:factory``).
 
-    PYTHONPATH=examples/quadrant python examples/quadrant/train_quadrant.py examples/quadrant/quadrant.toml [key=value ...]
+    python examples/quadrant/train_quadrant.py examples/quadrant/quadrant.toml [key=value ...]
 
 Registers the env and its expert under the name ``quadrant``, runs the TOML, prints the eval curve and the
 image probe's results.
@@ -14,9 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quadrant_env import quadrant_expert, registry_factory  # noqa: E402
+from quadrant_env import quadrant_expert, registry_factory
 
-from vlrl.envs.registry import register_env, register_expert  # noqa: E402
+from vlrl.envs.registry import register_env, register_expert
 
 
 def register() -> None:
@@ -39,8 +39,13 @@ def main(argv: list[str]) -> None:
     if sft:
         print("sft loss first/last:", sft[0].get("loss"), sft[-1].get("loss"))
     for r in record.image_sensitivity:
-        print("image probe", r["label"], "passed" if r["passed"] else "FAILED", f"{r['sensitive_fraction']:.0%} of {r['turns']} turns,",
-              f"blank median {r['blank_mean_abs_median']:.3g}")
+        print(
+            "image probe",
+            r["label"],
+            "passed" if r["passed"] else "FAILED",
+            f"{r['sensitive_fraction']:.0%} of {r['turns']} turns,",
+            f"blank median {r['blank_mean_abs_median']:.3g}",
+        )
     print("seconds", summary["seconds"])
 
 
